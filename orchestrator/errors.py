@@ -1,0 +1,88 @@
+"""One exception tree for the whole orchestrator.
+
+Foreign exceptions (litellm, httpx, websockets, duckdb, OS errors) are translated into these where
+they enter, so callers above the boundary catch only ``PrimeAgentError`` subclasses. A
+``UserError`` is something the person at the keyboard can fix: the CLI prints its message as one
+line and exits with ``EXIT_USAGE``; anything else is a bug or an outage and keeps its traceback
+behind ``--debug``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "KernelDied",
+    "ModelError",
+    "ModelNotFound",
+    "ModelUnreachable",
+    "MissingCredentials",
+    "PrimeAgentError",
+    "ProviderError",
+    "SandboxError",
+    "SandboxStartError",
+    "StoreError",
+    "StoreLocked",
+    "EmbeddedModelError",
+    "UserError",
+]
+
+
+class PrimeAgentError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class UserError(PrimeAgentError):
+    """Bad input or setup the user can fix; printed as one line, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A config file or option value is invalid."""
+
+
+class ModelError(PrimeAgentError):
+    """Something went wrong talking to a language model."""
+
+
+class ModelNotFound(UserError, ModelError):
+    """The model selector names nothing we can call."""
+
+
+class MissingCredentials(UserError, ModelError):
+    """The provider needs a key that is not set."""
+
+
+class ModelUnreachable(UserError, ModelError):
+    """The endpoint did not answer (connection refused, DNS, TLS) after retries."""
+
+
+class EmbeddedModelError(UserError, ModelError):
+    """The embedded local model is missing, corrupt or failed to start."""
+
+
+class ProviderError(ModelError):
+    """The provider answered with an error we gave up retrying (5xx, 429, bad reply)."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+class SandboxError(PrimeAgentError):
+    """A sandbox (kernel gateway, container, pod) misbehaved."""
+
+
+class SandboxStartError(SandboxError):
+    """A sandbox could not be started."""
+
+
+class KernelDied(SandboxError):
+    """The kernel went away during or between executions."""
+
+
+class StoreError(PrimeAgentError):
+    """The DuckDB store failed (I/O error, disk full, corrupt file)."""
+
+
+class StoreLocked(UserError, StoreError):
+    """Another process holds the database file."""

@@ -1,0 +1,125 @@
+"""Event types and their payloads: the record of truth (DESIGN.md §3).
+
+``events`` is append-only. Each row is ``(session_id, seq, id, parent_event_id, type, ts,
+payload)``; the payload is one of the pydantic models below, dumped as JSON. The session's leaf
+pointer names the newest event on its active path; a new event's parent is the leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "EVENT_PAYLOADS",
+    "AbortedPayload",
+    "AssistantMessagePayload",
+    "ErrorPayload",
+    "EventType",
+    "NoticePayload",
+    "RetryPayload",
+    "RunEndPayload",
+    "ToolCall",
+    "ToolResultPayload",
+    "UsagePayload",
+    "UserMessagePayload",
+]
+
+EventType = Literal[
+    "user_message",
+    "assistant_message",
+    "tool_result",
+    "usage",
+    "retry",
+    "error",
+    "notice",
+    "aborted",
+    "run_end",
+]
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class UserMessagePayload(_Payload):
+    text: str
+    # who put it there: the user, a parent agent (task), the harness (continuation, notice)
+    source: Literal["user", "parent", "harness"] = "user"
+
+
+class ToolCall(_Payload):
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it (may be malformed)
+
+
+class UsagePayload(_Payload):
+    provider: str
+    model: str
+    input: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+    cost_usd: float | None = None  # None = price unknown (never recorded as 0)
+    latency_ms: float = 0.0
+
+
+class AssistantMessagePayload(_Payload):
+    text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    stop_reason: Literal["stop", "tool_calls", "length", "error", "aborted"] = "stop"
+    provider: str
+    model: str
+    usage: UsagePayload | None = None
+    # Fenced-code protocol: the code block was taken from ``text`` (no native tool call).
+    fenced: bool = False
+
+
+class ToolResultPayload(_Payload):
+    tool_call_id: str
+    name: str = "ipython"
+    text: str  # exactly what the model is shown
+    is_error: bool = False
+    status: str = "ok"  # CellStatus, or "invalid_arguments"
+    duration_ms: float = 0.0
+    artifact: str | None = None  # path of the full output when it was truncated
+    kernel_restarted: bool = False
+
+
+class RetryPayload(_Payload):
+    attempt: int
+    delay_s: float
+    reason: str
+
+
+class ErrorPayload(_Payload):
+    kind: str  # e.g. "provider", "sandbox", "max_steps"
+    message: str
+
+
+class NoticePayload(_Payload):
+    text: str
+
+
+class AbortedPayload(_Payload):
+    reason: str  # "interrupted", "sigterm", ...
+
+
+class RunEndPayload(_Payload):
+    reason: str  # "completed", "error", "aborted", "max_steps"
+    final_text: str = ""
+
+
+EVENT_PAYLOADS: dict[str, type[_Payload]] = {
+    "user_message": UserMessagePayload,
+    "assistant_message": AssistantMessagePayload,
+    "tool_result": ToolResultPayload,
+    "usage": UsagePayload,
+    "retry": RetryPayload,
+    "error": ErrorPayload,
+    "notice": NoticePayload,
+    "aborted": AbortedPayload,
+    "run_end": RunEndPayload,
+}
