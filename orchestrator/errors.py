@@ -11,18 +11,18 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "EmbeddedModelError",
     "KernelDied",
+    "MissingCredentials",
     "ModelError",
     "ModelNotFound",
     "ModelUnreachable",
-    "MissingCredentials",
     "PrimeAgentError",
     "ProviderError",
     "SandboxError",
     "SandboxStartError",
     "StoreError",
     "StoreLocked",
-    "EmbeddedModelError",
     "UserError",
 ]
 
