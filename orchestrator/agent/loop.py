@@ -1,0 +1,245 @@
+"""The turn loop: prompt -> model -> ipython cells -> ... -> final answer.
+
+Every step is appended to the store (and so committed) before anything downstream sees it: the
+JSON stream, the progress display and the next model call all read committed records (R1).
+Streaming text deltas are the only non-durable output; the final assistant message is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from orchestrator.agent.fenced import extract_fenced_call
+from orchestrator.agent.prompts import IPYTHON_TOOL
+from orchestrator.agent.shaping import shape_cell_result
+from orchestrator.errors import ModelError, SandboxError
+from orchestrator.ids import new_tool_call_id
+from orchestrator.models.client import ModelClient, RetryInfo
+from orchestrator.sandbox.base import Sandbox
+from orchestrator.sessions.context import ContextBuilder
+from orchestrator.settings import Settings
+from orchestrator.store.events import (
+    AbortedPayload,
+    AssistantMessagePayload,
+    ErrorPayload,
+    RetryPayload,
+    ToolCall,
+    ToolResultPayload,
+    UserMessagePayload,
+)
+
+__all__ = ["AgentLoop", "EventSink", "Recorder", "TurnOutcome"]
+
+TOOL_NAME = "ipython"
+StopReason = Literal["completed", "error", "aborted", "max_steps"]
+
+
+class Recorder(Protocol):
+    """Appends one event durably and returns its record (``store.append`` bound to a session)."""
+
+    async def __call__(self, type_: str, payload: Any) -> Any: ...
+
+
+EventSink = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class TurnOutcome:
+    reason: StopReason
+    final_text: str = ""
+    error: BaseException | None = None
+
+
+@dataclass
+class _Call:
+    id: str
+    name: str
+    arguments: str
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        client: ModelClient,
+        system_prompt: str,
+        get_sandbox: Callable[[], Awaitable[Sandbox]],
+        record: Recorder,
+        settings: Settings,
+        context: ContextBuilder,
+        sink: EventSink | None = None,
+    ):
+        self.session_id = session_id
+        self.client = client
+        self.system_prompt = system_prompt
+        self.get_sandbox = get_sandbox
+        self.record = record
+        self.settings = settings
+        self.context = context
+        self.sink = sink
+        self._fenced = client.model.tool_protocol == "fenced"
+
+    async def _append(self, type_: str, payload: Any) -> Any:
+        rec = await self.record(type_, payload)
+        self.context.add(type_, payload.model_dump(mode="json"))
+        return rec
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink({"session_id": self.session_id, **event})
+
+    async def run(
+        self, prompt: str, *, source: Literal["user", "parent", "harness"] = "user"
+    ) -> TurnOutcome:
+        await self._append("user_message", UserMessagePayload(text=prompt, source=source))
+        try:
+            return await self._steps()
+        except asyncio.CancelledError:
+            # Record the abort even though we are being cancelled: shield the write.
+            await asyncio.shield(self._append("aborted", AbortedPayload(reason="interrupted")))
+            raise
+
+    async def _steps(self) -> TurnOutcome:
+        for _ in range(self.settings.max_turn_steps):
+            try:
+                reply = await self.client.complete(
+                    [{"role": "system", "content": self.system_prompt}, *self.context.messages],
+                    tools=None if self._fenced else [IPYTHON_TOOL],
+                    temperature=0.0 if self.client.model.embedded else None,
+                    on_delta=lambda d: self._emit({"type": "text_delta", "delta": d}),
+                    on_retry=self._on_retry,
+                )
+            except ModelError as exc:
+                await self._append("error", ErrorPayload(kind="model", message=str(exc)))
+                return TurnOutcome(reason="error", error=exc)
+
+            calls, text, fenced = self._calls_from(reply.text, reply.tool_calls)
+            stop: Literal["stop", "tool_calls", "length"] = (
+                "tool_calls" if calls else ("length" if reply.finish_reason == "length" else "stop")
+            )
+            await self._append(
+                "assistant_message",
+                AssistantMessagePayload(
+                    text=text,
+                    tool_calls=[
+                        ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls
+                    ],
+                    stop_reason=stop,
+                    provider=reply.usage.provider,
+                    model=reply.usage.model,
+                    usage=reply.usage,
+                    fenced=fenced,
+                ),
+            )
+            await self.record("usage", reply.usage)
+            if not calls:
+                return TurnOutcome(reason="completed", final_text=text)
+            for call in calls:
+                await self._run_call(call)
+        await self._append(
+            "error",
+            ErrorPayload(
+                kind="max_steps",
+                message=f"stopped after {self.settings.max_turn_steps} model calls in one turn",
+            ),
+        )
+        return TurnOutcome(reason="max_steps")
+
+    async def _on_retry(self, info: RetryInfo) -> None:
+        await self.record(
+            "retry", RetryPayload(attempt=info.attempt, delay_s=info.delay_s, reason=info.reason)
+        )
+
+    def _calls_from(self, text: str, native: list[ToolCall]) -> tuple[list[_Call], str, bool]:
+        if native:
+            return [_Call(c.id, c.name, c.arguments) for c in native], text, False
+        if not self._fenced:
+            return [], text, False
+        found = extract_fenced_call(text)
+        if found is None:
+            return [], text, False
+        code, _before = found
+        call = _Call(new_tool_call_id(), TOOL_NAME, json.dumps({"code": code}))
+        # The whole reply stays in the history: the model sees what it wrote.
+        return [call], text, True
+
+    async def _run_call(self, call: _Call) -> None:
+        self._emit({"type": "tool_start", "tool_call_id": call.id, "arguments": call.arguments})
+        if call.name != TOOL_NAME:
+            await self._tool_error(
+                call, f"unknown tool {call.name!r}: the only tool is ipython", "unknown_tool"
+            )
+            return
+        try:
+            args = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            await self._tool_error(
+                call,
+                f"the tool arguments are not valid JSON ({exc.msg} at char {exc.pos}); "
+                'call ipython with arguments like {"code": "print(1)"}',
+                "invalid_arguments",
+            )
+            return
+        code = args.get("code") if isinstance(args, dict) else None
+        if not isinstance(code, str):
+            await self._tool_error(
+                call, 'the ipython tool needs a string argument "code"', "invalid_arguments"
+            )
+            return
+        timeout = self.settings.cell_timeout_s
+        asked = args.get("timeout")
+        if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
+            timeout = min(float(asked), self.settings.cell_timeout_ceiling_s)
+
+        started = time.monotonic()
+        try:
+            sandbox = await self.get_sandbox()
+            result = await sandbox.execute(code, timeout_s=timeout, cell_id=call.id)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._abort_cell(call, started))
+            raise
+        except SandboxError as exc:
+            await self._tool_error(call, f"the sandbox failed: {exc}", "sandbox_error")
+            return
+        await self._append(
+            "tool_result",
+            ToolResultPayload(
+                tool_call_id=call.id,
+                text=shape_cell_result(result),
+                is_error=result.status != "ok",
+                status=result.status,
+                duration_ms=result.duration_ms,
+                artifact=str(result.artifact_path) if result.artifact_path else None,
+                kernel_restarted=result.kernel_restarted,
+            ),
+        )
+
+    async def _abort_cell(self, call: _Call, started: float) -> None:
+        # Every tool call in the history gets a result, or providers reject the next request.
+        try:
+            sandbox = await self.get_sandbox()
+            await sandbox.interrupt()
+        except Exception:  # the sandbox may be what failed; the record below still matters
+            pass
+        await self._append(
+            "tool_result",
+            ToolResultPayload(
+                tool_call_id=call.id,
+                text="[notice] the cell was interrupted by the user",
+                is_error=True,
+                status="aborted",
+                duration_ms=(time.monotonic() - started) * 1000.0,
+            ),
+        )
+
+    async def _tool_error(self, call: _Call, message: str, status: str) -> None:
+        await self._append(
+            "tool_result",
+            ToolResultPayload(tool_call_id=call.id, text=message, is_error=True, status=status),
+        )

@@ -1,0 +1,112 @@
+"""The base system prompt: an immutable, versioned constant (SPEC.md §6).
+
+Later sections (Continual Harness notes, skills, environment facts) are appended *after* the
+base text so a change there never alters the cache-stable prefix.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "BASE_PROMPT_VERSION",
+    "IPYTHON_TOOL",
+    "EnvironmentFacts",
+    "build_system_prompt",
+]
+
+BASE_PROMPT_VERSION = 1
+
+_BASE = """\
+You are Prime Agent, an autonomous agent that solves tasks by writing and running Python.
+
+Your one tool is `ipython`: a persistent IPython kernel in your own sandbox.
+- Variables, imports and the working directory persist between cells. Build on earlier cells.
+- Top-level `await` works.
+- `%%bash` as the very first line runs the rest of the cell in a fresh shell (nothing persists
+  between bash cells); use `%cd DIR` or `os.chdir` to change directory for good.
+- The value of the last expression is shown, as in Jupyter; print anything else you need.
+- Long output is cut to its first 64 KiB per stream; the full text is saved to a file whose
+  path the result names. Read it in slices instead of printing it again.
+- Each cell has a time limit (default 600 s; pass `timeout` in seconds to change it). A cell
+  past its limit is interrupted; if it cannot be interrupted the kernel restarts and the
+  namespace is lost, and the next result says so.
+- `edit(path, old, new)` replaces one exact occurrence of `old` in a file and returns the diff.
+
+How to work:
+- Look before you act: inspect files, data and errors instead of guessing.
+- Prefer small cells that each do one thing; check each result before building on it.
+- Verify your answer by running it. Do not claim what you have not checked.
+- Ask nothing of the user unless the task cannot go on without it.
+
+When the task is done, reply with the final answer as plain text and no tool call. That reply
+is what the user receives, so make it complete and self-contained; keep it short unless the
+task asks for more.
+"""
+
+_FENCED = """\
+
+Tool protocol: you call the tool by writing exactly one fenced block
+```python
+...code...
+```
+in your reply. The harness runs the first such block and answers with its output. Write no
+more than one block per reply. When you are done, reply with the answer and no code block.
+"""
+
+IPYTHON_TOOL: dict[str, object] = {
+    "type": "function",
+    "function": {
+        "name": "ipython",
+        "description": "Run Python code in your persistent IPython kernel and return its output.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "The cell to run."},
+                "timeout": {
+                    "type": "number",
+                    "description": "Time limit for this cell in seconds (default 600).",
+                },
+            },
+            "required": ["code"],
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class EnvironmentFacts:
+    cwd: str
+    model: str
+    backend: str
+    today: str = ""
+
+    def render(self) -> str:
+        today = self.today or _dt.date.today().isoformat()
+        return (
+            "\n# Environment\n"
+            f"- Working directory: {self.cwd}\n"
+            f"- Sandbox backend: {self.backend}\n"
+            f"- Model: {self.model}\n"
+            f"- Date: {today}\n"
+            f"- Python: {platform.python_version()}\n"
+        )
+
+
+def build_system_prompt(
+    facts: EnvironmentFacts,
+    *,
+    tool_protocol: Literal["native", "fenced"],
+    harness_section: str = "",
+) -> str:
+    """Base prompt (+ fenced protocol) | harness section | environment facts."""
+    parts = [_BASE]
+    if tool_protocol == "fenced":
+        parts.append(_FENCED)
+    if harness_section:
+        parts.append("\n" + harness_section.strip() + "\n")
+    parts.append(facts.render())
+    return "".join(parts)

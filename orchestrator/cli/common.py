@@ -1,0 +1,55 @@
+"""What every command shares: error reporting, exit codes, settings and paths."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
+from orchestrator.errors import PrimeAgentError, UserError
+
+__all__ = [
+    "EXIT_ABORTED",
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "fail",
+    "guarded",
+]
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # the run failed (model gave up, sandbox died, internal error)
+EXIT_USAGE = 2  # the user can fix it: bad option, unknown model, missing key, unreachable
+EXIT_ABORTED = 130  # Ctrl-C (128 + SIGINT)
+
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    print(f"prime-agent: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def report(exc: BaseException, *, debug: bool) -> int:
+    """Print one line (or the traceback with --debug) and return the exit code."""
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, UserError):
+        print(f"prime-agent: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, PrimeAgentError):
+        print(f"prime-agent: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    hint = "" if debug else " (run with --debug for the traceback)"
+    print(f"prime-agent: internal error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def guarded(fn: Callable[[], T], *, debug: bool) -> T:
+    try:
+        return fn()
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise SystemExit(report(exc, debug=debug)) from None

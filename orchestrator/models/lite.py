@@ -1,0 +1,49 @@
+"""The one place litellm is imported.
+
+litellm costs ~4 s to import and, left to its defaults, reaches the internet for a cost map and
+loads a ``.env`` from the working directory. ``load_litellm`` sets the offline switches before the
+import and is cached; ``preload_in_background`` starts it on a thread at CLI start so the import
+overlaps sandbox start-up instead of adding to it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType
+from typing import Any
+
+__all__ = ["load_litellm", "preload_in_background"]
+
+_OFFLINE_ENV = {
+    # Use the cost map bundled with the package, never the upstream JSON.
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # PRODUCTION stops litellm from calling dotenv.load_dotenv() on the user's cwd.
+    "LITELLM_MODE": "PRODUCTION",
+    "LITELLM_TELEMETRY": "False",
+}
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+
+
+def load_litellm() -> Any:
+    """Import and configure litellm once (thread-safe)."""
+    global _module
+    with _lock:
+        if _module is None:
+            for key, value in _OFFLINE_ENV.items():
+                os.environ.setdefault(key, value)
+            import litellm
+
+            litellm.suppress_debug_info = True  # no "Provider List: <url>" on every error
+            litellm.telemetry = False
+            litellm.drop_params = True  # providers that reject an optional param still work
+            _module = litellm
+        return _module
+
+
+def preload_in_background() -> threading.Thread:
+    thread = threading.Thread(target=load_litellm, name="litellm-import", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,191 @@
+"""Model selection: from ``--model`` / config / defaults to a callable ``ResolvedModel``.
+
+Rules (docs/models.md):
+- no ``--model`` and no ``default_model`` in config -> the embedded local model;
+- a selector declared in config uses its endpoint, key variable, window, prices and protocol;
+- otherwise ``provider/name`` goes to litellm; ``--api-base`` (or ``OPENAI_BASE_URL`` for the
+  ``openai`` provider) points it at any OpenAI-compatible server, for which a key is optional.
+Keys are read from the environment here, once, and never logged or passed to a sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from orchestrator.errors import MissingCredentials, ModelNotFound
+from orchestrator.settings import (
+    EMBEDDED_MODEL_NAME,
+    MAX_OUTPUT_TOKENS,
+    ModelConfig,
+    Settings,
+)
+
+__all__ = ["DUMMY_API_KEY", "Prices", "ResolvedModel", "resolve_model"]
+
+# OpenAI-compatible local servers (vLLM, llama.cpp, Ollama) accept any key; the client needs one.
+DUMMY_API_KEY = "sk-no-key-required"
+TOKENS_PER_MTOK = 1_000_000
+EMBEDDED_ALIASES = frozenset({"local", "embedded", EMBEDDED_MODEL_NAME})
+
+# Providers whose key variable we check without importing litellm.
+_KEY_VARS: dict[str, str] = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "mistral": "MISTRAL_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+    "xai": "XAI_API_KEY",
+}
+# Providers that talk to a local server and need no key at all.
+_KEYLESS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio", "llamafile"})
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per token."""
+
+    input: float
+    output: float
+    cache_read: float | None = None
+    cache_write: float | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    selector: str  # as the user named it, e.g. "openai/gpt-4o-mini"
+    provider: str
+    name: str
+    litellm_model: str
+    api_base: str | None
+    api_key: str | None = field(repr=False)
+    context_window: int | None
+    max_output_tokens: int
+    tool_protocol: Literal["native", "fenced"]
+    prices: Prices | None  # from config; None = ask litellm's bundled map at cost time
+    embedded: bool = False
+
+    def with_endpoint(self, api_base: str, litellm_model: str) -> ResolvedModel:
+        """The embedded model learns its endpoint only once its server has started."""
+        from dataclasses import replace
+
+        return replace(self, api_base=api_base, litellm_model=litellm_model)
+
+
+def _prices(cfg: ModelConfig) -> Prices | None:
+    if cfg.input_cost_per_mtok is None or cfg.output_cost_per_mtok is None:
+        return None
+
+    def per_token(v: float | None) -> float | None:
+        return None if v is None else v / TOKENS_PER_MTOK
+
+    return Prices(
+        input=cfg.input_cost_per_mtok / TOKENS_PER_MTOK,
+        output=cfg.output_cost_per_mtok / TOKENS_PER_MTOK,
+        cache_read=per_token(cfg.cache_read_cost_per_mtok),
+        cache_write=per_token(cfg.cache_write_cost_per_mtok),
+    )
+
+
+def _embedded(settings: Settings) -> ResolvedModel:
+    return ResolvedModel(
+        selector=EMBEDDED_MODEL_NAME,
+        provider="local",
+        name=EMBEDDED_MODEL_NAME.split("/", 1)[1],
+        litellm_model="",  # filled in by with_endpoint() once the server runs
+        api_base=None,
+        api_key=DUMMY_API_KEY,
+        context_window=settings.embedded.context_tokens,
+        max_output_tokens=min(MAX_OUTPUT_TOKENS, settings.embedded.context_tokens // 2),
+        tool_protocol="fenced",  # 0.5B models do not emit native tool calls
+        prices=Prices(input=0.0, output=0.0, cache_read=0.0, cache_write=0.0),
+        embedded=True,
+    )
+
+
+def _known_provider(provider: str) -> bool:
+    if provider in _KEY_VARS or provider in _KEYLESS:
+        return True
+    from orchestrator.models.lite import load_litellm
+
+    return provider in set(load_litellm().provider_list)
+
+
+def resolve_model(
+    selector: str | None,
+    settings: Settings,
+    *,
+    api_base: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedModel:
+    env = os.environ if env is None else env
+    chosen = (selector or settings.default_model or "").strip()
+    if not chosen or chosen in EMBEDDED_ALIASES:
+        if api_base:
+            raise ModelNotFound("--api-base needs --model provider/name (e.g. openai/my-model)")
+        return _embedded(settings)
+
+    cfg = settings.models.get(chosen)
+    if "/" not in chosen:
+        raise ModelNotFound(
+            f"unknown model {chosen!r}: name it as provider/name (e.g. openai/gpt-4o-mini, "
+            "anthropic/claude-sonnet-4-5) or declare it in config.toml"
+        )
+    provider, name = chosen.split("/", 1)
+    if not name:
+        raise ModelNotFound(f"model {chosen!r} has no name after the provider")
+    if cfg is None and not _known_provider(provider):
+        raise ModelNotFound(
+            f"unknown provider {provider!r} in {chosen!r}: use a litellm provider "
+            "(openai, anthropic, openrouter, ollama, ...) or declare the model in config.toml"
+        )
+
+    base = api_base or (cfg.api_base if cfg else None)
+    if base is None and provider == "openai":
+        base = env.get("OPENAI_BASE_URL") or None
+
+    key: str | None = None
+    if cfg is not None and cfg.api_key_env:
+        key = env.get(cfg.api_key_env) or None
+        if key is None:
+            raise MissingCredentials(
+                f"{cfg.api_key_env} is not set (config.toml names it as the key for {chosen})"
+            )
+    elif provider in _KEY_VARS:
+        key = env.get(_KEY_VARS[provider]) or None
+    if key is None:
+        if base is not None or provider in _KEYLESS:
+            key = DUMMY_API_KEY
+        elif provider in _KEY_VARS:
+            raise MissingCredentials(
+                f"{_KEY_VARS[provider]} is not set: export it to use {chosen}"
+                + (
+                    ", or pass --api-base for an OpenAI-compatible server"
+                    if provider == "openai"
+                    else ""
+                )
+            )
+        else:
+            from orchestrator.models.lite import load_litellm
+
+            check = load_litellm().validate_environment(model=chosen)
+            missing = check.get("missing_keys") or []
+            if missing:
+                raise MissingCredentials(f"{', '.join(missing)} not set: export it to use {chosen}")
+
+    return ResolvedModel(
+        selector=chosen,
+        provider=provider,
+        name=name,
+        litellm_model=chosen,
+        api_base=base,
+        api_key=key,
+        context_window=cfg.context_window if cfg else None,
+        max_output_tokens=cfg.max_output_tokens if cfg else MAX_OUTPUT_TOKENS,
+        tool_protocol=cfg.tool_protocol if cfg else "native",
+        prices=_prices(cfg) if cfg else None,
+    )
