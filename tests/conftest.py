@@ -1,0 +1,46 @@
+"""Shared fixtures: every test runs with private XDG dirs and no provider keys."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PROVIDER_KEY_VARS = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_API_BASE",
+    "ANTHROPIC_API_KEY",
+    "OPENROUTER_API_KEY",
+    "GROQ_API_KEY",
+    "DEEPSEEK_API_KEY",
+    "MISTRAL_API_KEY",
+    "GEMINI_API_KEY",
+    "XAI_API_KEY",
+)
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Private config/data/cache/runtime dirs; provider keys removed (tests never reach one)."""
+    home = tmp_path / "xdg"
+    for var, sub in (
+        ("XDG_CONFIG_HOME", "config"),
+        ("XDG_DATA_HOME", "data"),
+        ("XDG_RUNTIME_DIR", "run"),
+    ):
+        path = home / sub
+        path.mkdir(parents=True, exist_ok=True)
+        monkeypatch.setenv(var, str(path))
+    # The assembled embedded model (491 MB) is shared across tests: keep the real cache dir
+    # unless a test overrides it.
+    monkeypatch.setenv(
+        "XDG_CACHE_HOME", os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    )
+    for var in PROVIDER_KEY_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
+    yield home
