@@ -69,11 +69,11 @@ class ResolvedModel:
     prices: Prices | None  # from config; None = ask litellm's bundled map at cost time
     embedded: bool = False
 
-    def with_endpoint(self, api_base: str, litellm_model: str) -> ResolvedModel:
-        """The embedded model learns its endpoint only once its server has started."""
+    def with_endpoint(self, api_base: str, litellm_model: str, api_key: str) -> ResolvedModel:
+        """The embedded model learns its endpoint (and per-start key) once its server runs."""
         from dataclasses import replace
 
-        return replace(self, api_base=api_base, litellm_model=litellm_model)
+        return replace(self, api_base=api_base, litellm_model=litellm_model, api_key=api_key)
 
 
 def _prices(cfg: ModelConfig) -> Prices | None:

@@ -143,7 +143,9 @@ async def _run_with_store(
 
             embedded = EmbeddedModel(settings.embedded, paths)
             await embedded.start()
-            model = model.with_endpoint(embedded.api_base, embedded.litellm_model)
+            model = model.with_endpoint(
+                embedded.api_base, embedded.litellm_model, embedded.api_key
+            )
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=str(opts.cwd), model=model.selector, backend=opts.backend),
             tool_protocol=model.tool_protocol,
