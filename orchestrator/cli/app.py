@@ -11,9 +11,15 @@ import sys
 
 import typer
 
+try:  # typer >= 0.20 vendors click; its UsageError is the base of every parse error.
+    from typer._click.exceptions import UsageError
+except ImportError:  # pragma: no cover - older typer on plain click
+    from click.exceptions import UsageError  # type: ignore[assignment]
+
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import run as run_cmd
 from orchestrator.cli import usage as usage_cmd
+from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
@@ -38,14 +44,25 @@ run_app.command(
 SUBCOMMANDS = frozenset({"usage", "export"})
 
 
+def _invoke(group: typer.Typer, args: list[str]) -> None:
+    try:
+        code = group(args=args, prog_name="prime-agent", standalone_mode=False)
+    except UsageError as exc:
+        # One line, not click's usage block: say what was wrong and where help is.
+        fail(f"error: {exc.format_message()} (see prime-agent --help)", EXIT_USAGE)
+    except typer.Abort:
+        fail("aborted", EXIT_ABORTED)
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
-        app(args=args, prog_name="prime-agent")
+        _invoke(app, args)
     elif args and args[0] in ("help", "--help-commands"):
-        app(args=["--help"], prog_name="prime-agent")
+        _invoke(app, ["--help"])
     else:
-        run_app(args=args, prog_name="prime-agent")
+        _invoke(run_app, args)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,7 @@ import typer
 from orchestrator.cli.common import guarded
 from orchestrator.paths import Paths
 
-__all__ = ["format_cost", "usage"]
-
-
-def format_cost(known: float, unknown_calls: int) -> str:
-    if unknown_calls and known == 0:
-        return "unknown"
-    text = f"${known:.4f}"
-    return text + f" + {unknown_calls} unpriced" if unknown_calls else text
+__all__ = ["usage"]
 
 
 def usage(
@@ -33,6 +26,7 @@ def usage(
 
 async def _usage(selector: str | None, as_json: bool) -> None:
     from orchestrator.store.db import Store
+    from orchestrator.store.queries import format_cost
 
     paths = Paths.from_env()
     if not paths.database_file.exists():
@@ -57,14 +51,14 @@ async def _usage(selector: str | None, as_json: bool) -> None:
             typer.echo(json.dumps(_as_dict(row), default=str))
         return
     header = f"{'session':<16} {'status':<10} {'calls':>5} {'input':>9} {'output':>8} "
-    header += f"{'cache r/w':>13} {'cost':>18}  model / name"
+    header += f"{'cache r/w':>13} {'cost':>22}  model / name"
     typer.echo(header)
     for row in rows:
         s = sessions.get(row.session_id)
         typer.echo(
             f"{row.session_id:<16} {(s.status if s else ''):<10} {row.calls:>5} "
             f"{row.input:>9} {row.output:>8} {f'{row.cache_read}/{row.cache_write}':>13} "
-            f"{format_cost(row.cost_usd, row.unknown_cost_calls):>18}  "
+            f"{format_cost(row):>22}  "
             f"{', '.join(row.models)} / {(s.name if s and s.name else '')[:40]}"
         )
 

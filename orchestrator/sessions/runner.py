@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from orchestrator.store.events import RunEndPayload
 __all__ = ["RunOptions", "RunResult", "make_backend", "run_session"]
 
 BACKENDS = ("local",)
+SESSION_NAME_MAX = 64
 
 
 @dataclass
@@ -54,10 +54,6 @@ def make_backend(name: str, settings: Settings) -> SandboxBackend:
     from orchestrator.sandbox.local import LocalBackend
 
     return LocalBackend(pool_size=0)
-
-
-def _now() -> _dt.datetime:
-    return _dt.datetime.now(_dt.UTC).replace(tzinfo=None)
 
 
 async def run_session(
@@ -86,22 +82,16 @@ async def _run_with_store(
     on_session: Callable[[str], None] | None,
 ) -> RunResult:
     session_id = new_session_id()
-    now = _now()
+    first_line = opts.task.strip().splitlines()[0] if opts.task.strip() else ""
     await store.create_session(
         SessionRecord(
             id=session_id,
             root_id=session_id,
-            parent_id=None,
-            name=opts.name or opts.task.strip().splitlines()[0][:64] if opts.task.strip() else None,
-            depth=0,
+            name=opts.name or first_line[:SESSION_NAME_MAX] or None,
             cwd=str(opts.cwd),
             model=model.selector,
             backend=opts.backend,
-            sandbox_ref=None,
             status="running",
-            leaf_event_id=None,
-            created_at=now,
-            updated_at=now,
         )
     )
     if on_session is not None:
@@ -129,7 +119,7 @@ async def _run_with_store(
                     "seq": rec.seq,
                     "id": rec.id,
                     "parent_id": rec.parent_event_id,
-                    "ts": rec.ts.isoformat() + "Z",
+                    "ts": rec.ts.isoformat(),
                     "payload": rec.payload,
                 }
             )
@@ -143,9 +133,7 @@ async def _run_with_store(
 
             embedded = EmbeddedModel(settings.embedded, paths)
             await embedded.start()
-            model = model.with_endpoint(
-                embedded.api_base, embedded.litellm_model, embedded.api_key
-            )
+            model = model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=str(opts.cwd), model=model.selector, backend=opts.backend),
             tool_protocol=model.tool_protocol,

@@ -1,0 +1,5 @@
+"""``python -m orchestrator`` is ``prime-agent``."""
+
+from orchestrator.cli.app import main
+
+main()

@@ -1,0 +1,764 @@
+"""The DuckDB store: one database file, one writer thread, group-committed appends.
+
+Every DuckDB call runs on one dedicated thread that owns the connection, so the asyncio loop
+never blocks on disk and DuckDB's connection is never shared between threads. Callers submit
+jobs to a queue; the writer resolves each caller's future with ``loop.call_soon_threadsafe``.
+
+Appends are group-committed: the writer takes every append that is waiting (those that arrived
+while the previous commit was fsyncing, plus, when appends have been arriving together, those
+that arrive within ``GROUP_COMMIT_WINDOW_S``) and writes them in ONE transaction with a bulk
+``INSERT … SELECT unnest(…)``, together with the sessions' new leaf pointers and any usage rows.
+A caller's ``append`` returns only after that COMMIT (R1: acknowledged means committed), so a
+crash at any moment leaves either the whole batch or none of it, and nobody was told about a
+row that is not on disk.
+
+A failed commit (disk full, I/O error) fails only the futures of that batch with ``StoreError``;
+the in-memory sequence counters and leaf pointers advance only after a successful commit, so the
+next append of every session continues without a gap (R6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import os
+import queue
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, TypeVar
+
+import duckdb
+from pydantic import BaseModel
+
+from orchestrator.errors import PrimeAgentError, StoreError, StoreLocked
+from orchestrator.ids import new_event_id, validate_session_id
+from orchestrator.paths import ensure_private_dir
+from orchestrator.store import queries
+from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
+from orchestrator.store.migrate import check_readable, migrate
+from orchestrator.store.queries import (
+    SESSION_STATUSES,
+    EventRecord,
+    SessionRecord,
+    UsageSummary,
+    to_db_ts,
+    utcnow,
+)
+
+__all__ = [
+    "CURRENT_LEAF",
+    "DATABASE_FILE_MODE",
+    "GROUP_COMMIT_MAX_ROWS",
+    "GROUP_COMMIT_WINDOW_S",
+    "UPDATABLE_SESSION_FIELDS",
+    "EventRecord",
+    "SessionRecord",
+    "Store",
+    "StoreStatistics",
+    "UsageSummary",
+]
+
+# How long the writer keeps a batch open for more appends once it has seen appends arrive
+# together (the previous batch had more than one row). A lone sequential writer never waits:
+# it would only add this much latency to every append.
+GROUP_COMMIT_WINDOW_S = 0.002
+# Upper bound on rows in one transaction, so one huge burst cannot delay everyone's
+# acknowledgement behind a single enormous commit.
+GROUP_COMMIT_MAX_ROWS = 1000
+# The database holds conversations (possibly secrets): owner-only, like the 0700 directory.
+DATABASE_FILE_MODE = 0o600
+WRITER_THREAD_NAME = "prime-agent-store-writer"
+# DuckDB columns are BIGINT; a token count beyond it would fail the whole batch's INSERT.
+_BIGINT_MAX = 2**63 - 1
+
+UPDATABLE_SESSION_FIELDS: frozenset[str] = frozenset(
+    {"name", "cwd", "model", "backend", "sandbox_ref", "status", "leaf_event_id"}
+)
+
+_T = TypeVar("_T")
+
+
+class _Leaf(enum.Enum):
+    CURRENT = "current-leaf"
+
+
+CURRENT_LEAF: Final = _Leaf.CURRENT
+"""Default ``parent_event_id`` of ``append``: the session's leaf at the moment of the write."""
+
+
+@dataclass(frozen=True)
+class StoreStatistics:
+    """Counters of the writer thread (``Store.statistics()``), for tests, bench and doctor."""
+
+    commits: int  # append transactions committed
+    rows: int  # events committed by those transactions
+    failed_commits: int  # append transactions rolled back (their callers got StoreError)
+    largest_batch: int  # most events in one committed transaction
+    queued: int  # jobs waiting for the writer right now
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class _Call(_Job):
+    fn: Callable[[], Any]
+
+
+@dataclass
+class _Append(_Job):
+    session_id: str
+    type: EventType
+    payload: dict[str, Any]
+    payload_json: str
+    usage: UsagePayload | None
+    parent: str | _Leaf | None
+
+
+@dataclass
+class _Close(_Job):
+    pass
+
+
+@dataclass
+class _SessionState:
+    """What the writer caches per session; touched only on the writer thread."""
+
+    root_id: str
+    last_seq: int
+    leaf: str | None
+
+
+_Outcome = tuple[_Job, Any, BaseException | None]
+
+
+def _settle_all(outcomes: list[_Outcome]) -> None:
+    """Resolve futures on their own loops (called from the writer thread).
+
+    One ``call_soon_threadsafe`` per loop for the whole list, not one per future: each call
+    wakes the loop, and a loop woken 50 times per batch competes with the writer for the GIL
+    while the writer is trying to start the next commit.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, group in by_loop.items():
+        # RuntimeError: the loop is closed, so nobody is waiting for these answers any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, group)
+
+
+def _resolve(group: list[_Outcome]) -> None:
+    for job, result, exc in group:
+        if job.future.done():  # the caller was cancelled and stopped waiting
+            continue
+        if exc is not None:
+            job.future.set_exception(exc)
+        else:
+            job.future.set_result(result)
+
+
+def _settle(job: _Job, result: Any = None, exc: BaseException | None = None) -> None:
+    _settle_all([(job, result, exc)])
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _store_error(message: str, cause: BaseException) -> StoreError:
+    err = StoreError(message)
+    err.__cause__ = cause
+    return err
+
+
+_PID_RE = re.compile(r"PID (\d+)")
+
+
+def _translate_open_error(path: Path, exc: duckdb.Error) -> StoreError:
+    text = _one_line(exc)
+    if "Could not set lock" in text or "Conflicting lock" in text:
+        match = _PID_RE.search(text)
+        pid = f" (PID {match.group(1)})" if match else ""
+        return StoreLocked(
+            f"database {path} is in use by another prime-agent process{pid}; "
+            "wait for it to finish or stop it"
+        )
+    if "different configuration" in text:
+        return StoreLocked(f"database {path} is already open in this process (PID {os.getpid()})")
+    return StoreError(f"cannot open database {path}: {text}")
+
+
+def _clean_utf8(text: str) -> str:
+    """Replace lone surrogates (from undecodable bytes) with U+FFFD.
+
+    DuckDB rejects them, and one bad payload must not fail the other appends of its batch.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+# One writer per database file per process: two Store objects on one file would share DuckDB's
+# instance but keep separate sequence counters, and hand out duplicate seq numbers.
+_open_paths: set[str] = set()
+_open_paths_lock = threading.Lock()
+
+
+def _claim_path(path: Path) -> str:
+    key = os.path.realpath(path)
+    with _open_paths_lock:
+        if key in _open_paths:
+            raise StoreLocked(
+                f"database {path} is already open in this process (PID {os.getpid()})"
+            )
+        _open_paths.add(key)
+    return key
+
+
+def _release_path(key: str) -> None:
+    with _open_paths_lock:
+        _open_paths.discard(key)
+
+
+# -- SQL of the append transaction ---------------------------------------------------------------
+
+_INSERT_EVENTS = """
+INSERT INTO events (session_id, seq, id, parent_event_id, type, ts, payload)
+SELECT unnest($1::VARCHAR[]), unnest($2::BIGINT[]), unnest($3::VARCHAR[]),
+       unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::TIMESTAMP[]),
+       unnest($7::VARCHAR[])::JSON
+"""
+_INSERT_USAGE = """
+INSERT INTO usage (event_id, session_id, root_id, provider, model, input, output, cache_read,
+                   cache_write, cost_usd, cost_known, latency_ms, ts)
+SELECT unnest($1::VARCHAR[]), unnest($2::VARCHAR[]), unnest($3::VARCHAR[]),
+       unnest($4::VARCHAR[]), unnest($5::VARCHAR[]), unnest($6::BIGINT[]),
+       unnest($7::BIGINT[]), unnest($8::BIGINT[]), unnest($9::BIGINT[]),
+       unnest($10::DOUBLE[]), unnest($11::BOOLEAN[]), unnest($12::DOUBLE[]),
+       unnest($13::TIMESTAMP[])
+"""
+_UPDATE_LEAVES = """
+UPDATE sessions SET leaf_event_id = u.leaf, updated_at = u.ts
+FROM (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS leaf,
+             unnest($3::TIMESTAMP[]) AS ts) AS u
+WHERE sessions.id = u.id
+"""
+# The common case (one session in the batch) as a plain UPDATE: measured about half the cost of
+# the join form above (1.0 ms vs 1.8 ms per statement).
+_UPDATE_ONE_LEAF = "UPDATE sessions SET leaf_event_id = $2, updated_at = $3 WHERE id = $1"
+
+
+class Store:
+    """The database of one daemon. Create with ``await Store.open(path)``; close when done.
+
+    All methods are coroutines and may be called from any number of tasks; the jobs run in
+    submission order on the writer thread, so a read sees every append acknowledged before it
+    was submitted.
+    """
+
+    def __init__(self, path: Path, *, read_only: bool, _path_key: str) -> None:
+        """Use ``Store.open``; this only wires up the (not yet started) writer thread."""
+        self._path = path
+        self._read_only = read_only
+        self._path_key = _path_key
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._submit_lock = threading.Lock()
+        self._closing = False
+        self._done = threading.Event()
+        # Writer-thread state: nothing below is touched from the loop.
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._sessions: dict[str, _SessionState] = {}
+        self._last_batch_rows = 0
+        # Test seam: called inside the append transaction just before COMMIT; raising from it
+        # simulates a disk error at the worst moment.
+        self._before_commit: Callable[[], None] | None = None
+        self._stats_lock = threading.Lock()
+        self._commits = 0
+        self._rows = 0
+        self._failed_commits = 0
+        self._largest_batch = 0
+        self._thread = threading.Thread(target=self._run, name=WRITER_THREAD_NAME, daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path, *, read_only: bool = False) -> Store:
+        """Open (creating and migrating unless ``read_only``) the database at ``path``.
+
+        Raises ``StoreLocked`` when another process (or this one) holds the file, and
+        ``StoreError`` for anything else that prevents opening it.
+        """
+        path = Path(path).expanduser().absolute()
+        if read_only and not path.exists():
+            raise StoreError(f"database {path} does not exist")
+        if not read_only and not path.parent.exists():
+            try:
+                ensure_private_dir(path.parent)
+            except OSError as exc:
+                raise _store_error(f"cannot create {path.parent}: {_one_line(exc)}", exc) from exc
+        store = cls(path, read_only=read_only, _path_key=_claim_path(path))
+        store._thread.start()
+        try:
+            await store._call_raw(store._connect)
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        """Commit every append submitted so far, then close the database. Idempotent."""
+        loop = asyncio.get_running_loop()
+        with self._submit_lock:
+            first = not self._closing
+            self._closing = True
+            if first:
+                future: asyncio.Future[Any] = loop.create_future()
+                # Queued behind every job submitted before it: pending appends commit first.
+                self._queue.put(_Close(loop, future))
+        if first:
+            await future
+        elif not self._done.is_set():
+            await asyncio.to_thread(self._done.wait)
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def statistics(self) -> StoreStatistics:
+        with self._stats_lock:
+            return StoreStatistics(
+                commits=self._commits,
+                rows=self._rows,
+                failed_commits=self._failed_commits,
+                largest_batch=self._largest_batch,
+                queued=self._queue.qsize(),
+            )
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    async def create_session(self, record: SessionRecord) -> SessionRecord:
+        self._check_writable()
+        for sid in (record.id, record.root_id, record.parent_id):
+            if sid is not None:
+                validate_session_id(sid)
+        if record.status not in SESSION_STATUSES:
+            raise ValueError(f"unknown session status {record.status!r}")
+        return await self._call(lambda con: self._insert_session(con, record))
+
+    async def update_session(self, session_id: str, **fields: Any) -> SessionRecord:
+        """Change some of ``UPDATABLE_SESSION_FIELDS``; ``updated_at`` is set to now.
+
+        Setting ``leaf_event_id`` moves the session's leaf (a branch): later appends hang off
+        that event. It must name an event of this session, or be ``None`` (next append is a
+        new root).
+        """
+        self._check_writable()
+        unknown = sorted(set(fields) - UPDATABLE_SESSION_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"update_session() cannot change {', '.join(unknown)}; "
+                f"allowed: {', '.join(sorted(UPDATABLE_SESSION_FIELDS))}"
+            )
+        if "status" in fields and fields["status"] not in SESSION_STATUSES:
+            raise ValueError(f"unknown session status {fields['status']!r}")
+        return await self._call(lambda con: self._update_session(con, session_id, fields))
+
+    async def get_session(self, session_id: str) -> SessionRecord | None:
+        return await self._call(lambda con: queries.select_session(con, session_id))
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self._call(queries.select_sessions)
+
+    async def find_session(self, prefix_or_name: str) -> SessionRecord | None:
+        """Unique id prefix or exact name; ``None`` if nothing matches, ``UserError`` if several."""
+        return await self._call(lambda con: queries.find_session(con, prefix_or_name))
+
+    # -- events ----------------------------------------------------------------------------------
+
+    async def append(
+        self,
+        session_id: str,
+        type: EventType,
+        payload: BaseModel,
+        *,
+        parent_event_id: str | Literal[_Leaf.CURRENT] | None = CURRENT_LEAF,
+    ) -> EventRecord:
+        """Append one event; return it once it is COMMITTED.
+
+        ``parent_event_id`` defaults to the session's leaf at the time of the write; ``None``
+        starts a new root. The session's leaf moves to the new event in the same transaction.
+        A ``usage`` event also writes its ``usage`` row in that transaction.
+
+        If the caller is cancelled after submitting, the event may still be committed (it is
+        then a valid record that nobody was told about); it is never half-written.
+        """
+        self._check_writable()
+        expected = EVENT_PAYLOADS.get(type)
+        if expected is None:
+            raise ValueError(f"unknown event type {type!r}")
+        if not isinstance(payload, expected):
+            raise TypeError(
+                f"a {type!r} event needs a {expected.__name__}, got {payload.__class__.__name__}"
+            )
+        usage = payload if isinstance(payload, UsagePayload) else None
+        if usage is not None:
+            for name in ("input", "output", "cache_read", "cache_write"):
+                if not 0 <= getattr(usage, name) <= _BIGINT_MAX:
+                    raise ValueError(f"usage.{name} out of range: {getattr(usage, name)}")
+        dumped = payload.model_dump(mode="json")
+        # Serialized here, per caller, so a payload DuckDB cannot take fails only its caller:
+        # NaN/inf are not JSON (ValueError here), lone surrogates are replaced.
+        text = _clean_utf8(json.dumps(dumped, ensure_ascii=False, allow_nan=False))
+        loop = asyncio.get_running_loop()
+        job = _Append(
+            loop, loop.create_future(), session_id, type, dumped, text, usage, parent_event_id
+        )
+        self._submit(job)
+        result: EventRecord = await job.future
+        return result
+
+    async def events(
+        self, session_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
+        """Events of a session (every branch) in ``seq`` order, those after ``after_seq``."""
+        if limit is not None and limit < 0:
+            raise ValueError("limit must be >= 0")
+        return await self._call(
+            lambda con: queries.select_events(con, session_id, after_seq, limit)
+        )
+
+    async def get_event(self, event_id: str) -> EventRecord | None:
+        return await self._call(lambda con: queries.select_event(con, event_id))
+
+    async def active_path(self, session_id: str) -> list[EventRecord]:
+        """The events from the root to the session's leaf, root first."""
+        return await self._call(lambda con: queries.select_active_path(con, session_id))
+
+    # -- usage -----------------------------------------------------------------------------------
+
+    async def usage_summary(self, session_ids: list[str] | None = None) -> list[UsageSummary]:
+        """Per-session usage totals (all sessions when ``session_ids`` is None)."""
+        ids = None if session_ids is None else list(session_ids)
+        return await self._call(lambda con: queries.select_usage_summary(con, ids))
+
+    # -- submission (loop side) ------------------------------------------------------------------
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise StoreError(f"database {self._path} was opened read-only")
+
+    def _submit(self, job: _Job) -> None:
+        # The lock makes "not closing" and "queued" one step: no job can land behind _Close,
+        # where the finished writer would never answer it.
+        with self._submit_lock:
+            if self._closing:
+                raise StoreError(f"database {self._path} is closed")
+            self._queue.put(job)
+
+    async def _call_raw(self, fn: Callable[[], _T]) -> _T:
+        loop = asyncio.get_running_loop()
+        job = _Call(loop, loop.create_future(), fn)
+        self._submit(job)
+        result: _T = await job.future
+        return result
+
+    async def _call(self, fn: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        return await self._call_raw(lambda: fn(self._connection()))
+
+    # -- writer thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        carry: _Job | None = None
+        while True:
+            job = carry if carry is not None else self._queue.get()
+            carry = None
+            if isinstance(job, _Close):
+                self._finish(job)
+                return
+            if isinstance(job, _Call):
+                self._run_call(job)
+                continue
+            assert isinstance(job, _Append)
+            batch = [job]
+            carry = self._gather(batch)
+            try:
+                self._run_batch(batch)
+            except BaseException as exc:  # a bug: answer everyone, keep the writer alive
+                for req in batch:
+                    _settle(req, exc=exc)
+
+    def _gather(self, batch: list[_Append]) -> _Job | None:
+        """Add waiting appends to ``batch``; return the first non-append job met, if any."""
+        # Wait for stragglers only when appends have recently come in groups; see
+        # GROUP_COMMIT_WINDOW_S.
+        window = GROUP_COMMIT_WINDOW_S if self._last_batch_rows > 1 else 0.0
+        deadline = time.monotonic() + window
+        while len(batch) < GROUP_COMMIT_MAX_ROWS:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    job = self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    break
+            if not isinstance(job, _Append):
+                # Ordering: a call or close submitted after these appends runs after them.
+                return job
+            batch.append(job)
+        return None
+
+    def _run_call(self, job: _Call) -> None:
+        try:
+            result = job.fn()
+        except PrimeAgentError as exc:
+            _settle(job, exc=exc)
+        except duckdb.Error as exc:
+            _settle(job, exc=_store_error(f"database {self._path}: {_one_line(exc)}", exc))
+            self._recover()
+        except BaseException as exc:
+            _settle(job, exc=exc)
+        else:
+            _settle(job, result)
+
+    def _finish(self, job: _Close) -> None:
+        try:
+            if self._con is not None:
+                self._con.close()  # DuckDB checkpoints the WAL into the file here
+        except duckdb.Error:
+            pass  # everything acknowledged is already in the WAL; the next open replays it
+        finally:
+            self._con = None
+            _release_path(self._path_key)
+            self._done.set()
+            _settle(job)
+        # Nothing can be queued behind _Close (see _submit), but answer anything that is.
+        while True:
+            try:
+                stray = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            _settle(stray, exc=StoreError(f"database {self._path} is closed"))
+
+    def _connect(self) -> None:
+        try:
+            con = duckdb.connect(str(self._path), read_only=self._read_only)
+        except duckdb.Error as exc:
+            raise _translate_open_error(self._path, exc) from exc
+        try:
+            if self._read_only:
+                check_readable(con, self._path)
+            else:
+                migrate(con, self._path)
+                os.chmod(self._path, DATABASE_FILE_MODE)
+        except BaseException:
+            con.close()
+            raise
+        self._con = con
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        if self._con is None:
+            # A previous fatal error dropped the connection; try to come back (see _recover).
+            self._connect()
+        assert self._con is not None
+        return self._con
+
+    def _recover(self) -> None:
+        """After a DuckDB error: keep the connection if it still works, else reopen it.
+
+        DuckDB invalidates the whole database instance after a fatal I/O error during commit;
+        every later statement on that connection would fail. Reopening replays the WAL, so the
+        committed state comes back; the cached counters are dropped and reloaded from it. If
+        reopening fails now (disk still full), the next job tries again.
+        """
+        con = self._con
+        if con is None:
+            return
+        try:
+            con.execute("SELECT 1").fetchall()
+            return
+        except duckdb.Error:
+            pass
+        self._sessions.clear()
+        self._con = None
+        with contextlib.suppress(duckdb.Error):
+            con.close()
+        try:
+            self._connect()
+        except PrimeAgentError:
+            self._con = None
+
+    def _session_state(self, session_id: str) -> _SessionState:
+        state = self._sessions.get(session_id)
+        if state is not None:
+            return state
+        root_id, leaf, last_seq = queries.session_cursor(self._connection(), session_id)
+        state = _SessionState(root_id=root_id, leaf=leaf, last_seq=last_seq)
+        self._sessions[session_id] = state
+        return state
+
+    def _run_batch(self, batch: list[_Append]) -> None:
+        now = utcnow()
+        db_now = to_db_ts(now)
+        # Counters advance on copies; they replace the cache only after COMMIT, so a failed
+        # transaction leaves no gap and no phantom leaf.
+        pending: dict[str, _SessionState] = {}
+        touched: set[str] = set()
+        accepted: list[tuple[_Append, EventRecord, str]] = []  # (request, record, root_id)
+        for req in batch:
+            try:
+                state = pending.get(req.session_id)
+                if state is None:
+                    state = replace(self._session_state(req.session_id))
+                    pending[req.session_id] = state
+                parent = state.leaf if req.parent is CURRENT_LEAF else req.parent
+                if parent is not None and parent != state.leaf:
+                    queries.check_parent(self._connection(), req.session_id, parent)
+            except PrimeAgentError as exc:
+                _settle(req, exc=exc)
+                continue
+            except duckdb.Error as exc:
+                _settle(req, exc=_store_error(f"database {self._path}: {_one_line(exc)}", exc))
+                continue
+            state.last_seq += 1
+            record = EventRecord(
+                session_id=req.session_id,
+                seq=state.last_seq,
+                id=new_event_id(),
+                parent_event_id=parent,
+                type=req.type,
+                ts=now,
+                payload=req.payload,
+            )
+            state.leaf = record.id
+            touched.add(req.session_id)
+            accepted.append((req, record, state.root_id))
+        if not accepted:
+            self._last_batch_rows = 0
+            return
+        try:
+            con = self._connection()
+            con.begin()
+            try:
+                self._write_batch(con, accepted, {s: pending[s] for s in touched}, db_now)
+                if self._before_commit is not None:
+                    self._before_commit()
+                con.commit()
+            except BaseException:
+                # The failure may already have aborted the transaction.
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+        except (duckdb.Error, OSError, PrimeAgentError) as exc:
+            with self._stats_lock:
+                self._failed_commits += 1
+            message = f"could not commit {len(accepted)} event(s) to {self._path}: {_one_line(exc)}"
+            _settle_all([(req, None, _store_error(message, exc)) for req, _, _ in accepted])
+            self._recover()
+            return
+        self._sessions.update({s: pending[s] for s in touched})
+        self._last_batch_rows = len(accepted)
+        with self._stats_lock:
+            self._commits += 1
+            self._rows += len(accepted)
+            self._largest_batch = max(self._largest_batch, len(accepted))
+        _settle_all([(req, record, None) for req, record, _ in accepted])
+
+    def _write_batch(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        accepted: list[tuple[_Append, EventRecord, str]],
+        leaves: dict[str, _SessionState],
+        db_now: datetime,
+    ) -> None:
+        # One Python list per column: DuckDB's fastest insert path from Python (stack-notes §4).
+        con.execute(
+            _INSERT_EVENTS,
+            [
+                [r.session_id for _, r, _ in accepted],
+                [r.seq for _, r, _ in accepted],
+                [r.id for _, r, _ in accepted],
+                [r.parent_event_id for _, r, _ in accepted],
+                [r.type for _, r, _ in accepted],
+                [db_now] * len(accepted),
+                [req.payload_json for req, _, _ in accepted],
+            ],
+        )
+        usage = [(req.usage, r, root) for req, r, root in accepted if req.usage is not None]
+        if usage:
+            con.execute(
+                _INSERT_USAGE,
+                [
+                    [r.id for _, r, _ in usage],
+                    [r.session_id for _, r, _ in usage],
+                    [root for _, _, root in usage],
+                    [u.provider for u, _, _ in usage],
+                    [u.model for u, _, _ in usage],
+                    [u.input for u, _, _ in usage],
+                    [u.output for u, _, _ in usage],
+                    [u.cache_read for u, _, _ in usage],
+                    [u.cache_write for u, _, _ in usage],
+                    [u.cost_usd for u, _, _ in usage],
+                    [u.cost_usd is not None for u, _, _ in usage],
+                    [u.latency_ms for u, _, _ in usage],
+                    [db_now] * len(usage),
+                ],
+            )
+        sessions = sorted(leaves)
+        if len(sessions) == 1:
+            con.execute(_UPDATE_ONE_LEAF, [sessions[0], leaves[sessions[0]].leaf, db_now])
+            return
+        con.execute(
+            _UPDATE_LEAVES,
+            [sessions, [leaves[s].leaf for s in sessions], [db_now] * len(sessions)],
+        )
+
+    def _insert_session(
+        self, con: duckdb.DuckDBPyConnection, record: SessionRecord
+    ) -> SessionRecord:
+        stored = queries.insert_session(con, record)
+        self._sessions.pop(record.id, None)
+        return stored
+
+    def _update_session(
+        self, con: duckdb.DuckDBPyConnection, session_id: str, fields: dict[str, Any]
+    ) -> SessionRecord:
+        updated = queries.update_session(con, session_id, fields, to_db_ts(utcnow()))
+        if "leaf_event_id" in fields and session_id in self._sessions:
+            # Keep the writer's cached leaf in step: the next default parent is the new leaf.
+            self._sessions[session_id].leaf = fields["leaf_event_id"]
+        return updated
