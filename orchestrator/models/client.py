@@ -95,6 +95,26 @@ def _retry_after_s(exc: BaseException) -> float | None:
         return None  # an HTTP date: fall back to our own backoff
 
 
+CHAIN_DEPTH_MAX = 12
+
+
+def _is_connect_failure(exc: BaseException) -> bool:
+    """True when no connection was made at all (refused, DNS, unreachable).
+
+    litellm reports these as a 500 "Connection error."; the cause chain tells the truth.
+    """
+    current: BaseException | None = exc
+    for _ in range(CHAIN_DEPTH_MAX):
+        if current is None:
+            return False
+        if isinstance(current, ConnectionRefusedError | ConnectionResetError):
+            return isinstance(current, ConnectionRefusedError)
+        if type(current).__name__ in ("ConnectError", "ClientConnectorError", "gaierror"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # litellm prefixes messages with its exception path; keep what the provider said.
@@ -134,9 +154,7 @@ class ModelClient:
                     raise
                 last = exc
                 retryable, reason = self._classify(litellm, exc)
-                if isinstance(exc, litellm.APIConnectionError) and not isinstance(
-                    exc, litellm.Timeout
-                ):
+                if _is_connect_failure(exc):
                     connection_failures += 1
                 if not retryable or attempt == attempts:
                     break
@@ -165,6 +183,8 @@ class ModelClient:
     def _classify(self, litellm: Any, exc: BaseException) -> tuple[bool, str]:
         if isinstance(exc, _StreamCut):
             return True, "stream ended before the reply was complete"
+        if _is_connect_failure(exc):
+            return True, f"connection failed: {_short(exc)}"
         if isinstance(exc, TimeoutError | litellm.Timeout):
             return True, "timed out waiting for the model"
         if isinstance(exc, litellm.ContextWindowExceededError):

@@ -53,7 +53,12 @@ def make_backend(name: str, settings: Settings) -> SandboxBackend:
         raise UserError(f"backend {name!r} is not available yet; use --backend local")
     from orchestrator.sandbox.local import LocalBackend
 
-    return LocalBackend(pool_size=0)
+    # A one-shot run has exactly one session: a warm spare would only cost memory.
+    return LocalBackend(
+        pool_size=0,
+        interrupt_grace_s=settings.interrupt_grace_s,
+        output_cap_chars=settings.output_cap_chars,
+    )
 
 
 async def run_session(
