@@ -47,14 +47,14 @@ is what the user receives, so make it complete and self-contained; keep it short
 task asks for more.
 """
 
-_FENCED = """\
-
-Tool protocol: you call the tool by writing exactly one fenced block
-```python
-...code...
-```
-in your reply. The harness runs the first such block and answers with its output. Write no
-more than one block per reply. When you are done, reply with the answer and no code block.
+# Small local models (the embedded 0.5B) lose the thread in a long prompt: measured here, the
+# full base prompt made Qwen2.5-Coder-0.5B answer with a guessed number instead of code, while
+# this short one gets code, then the right answer. Fenced-protocol models get this variant.
+_COMPACT = """\
+You solve tasks by running Python code in a persistent IPython session.
+To run code, reply with one ```python block; you will then see its output. Use print() to see \
+values. Variables persist between blocks.
+When the output answers the task, reply with the final answer only, without a code block.
 """
 
 IPYTHON_TOOL: dict[str, object] = {
@@ -102,10 +102,8 @@ def build_system_prompt(
     tool_protocol: Literal["native", "fenced"],
     harness_section: str = "",
 ) -> str:
-    """Base prompt (+ fenced protocol) | harness section | environment facts."""
-    parts = [_BASE]
-    if tool_protocol == "fenced":
-        parts.append(_FENCED)
+    """Base prompt (compact for fenced-protocol models) | harness section | environment facts."""
+    parts = [_COMPACT if tool_protocol == "fenced" else _BASE]
     if harness_section:
         parts.append("\n" + harness_section.strip() + "\n")
     parts.append(facts.render())

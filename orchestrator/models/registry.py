@@ -28,6 +28,8 @@ __all__ = ["DUMMY_API_KEY", "Prices", "ResolvedModel", "resolve_model"]
 # OpenAI-compatible local servers (vLLM, llama.cpp, Ollama) accept any key; the client needs one.
 DUMMY_API_KEY = "sk-no-key-required"
 TOKENS_PER_MTOK = 1_000_000
+# A 0.5B model that has not stopped after this many tokens is looping, not thinking.
+EMBEDDED_MAX_OUTPUT_TOKENS = 1024
 EMBEDDED_ALIASES = frozenset({"local", "embedded", EMBEDDED_MODEL_NAME})
 
 # Providers whose key variable we check without importing litellm.
@@ -100,7 +102,7 @@ def _embedded(settings: Settings) -> ResolvedModel:
         api_base=None,
         api_key=DUMMY_API_KEY,
         context_window=settings.embedded.context_tokens,
-        max_output_tokens=min(MAX_OUTPUT_TOKENS, settings.embedded.context_tokens // 2),
+        max_output_tokens=EMBEDDED_MAX_OUTPUT_TOKENS,
         tool_protocol="fenced",  # 0.5B models do not emit native tool calls
         prices=Prices(input=0.0, output=0.0, cache_read=0.0, cache_write=0.0),
         embedded=True,
