@@ -41,7 +41,7 @@ __all__ = [
     "inbox_prefix",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION: Literal[1] = 1
 HOST_SUBJECT_PREFIX = "pa.host"
 INBOX_PREFIX = "_INBOX"
 HOST_REQUEST_TIMEOUT_S = 30.0  # SPEC.md §3: every host request has this default timeout
