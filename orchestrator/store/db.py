@@ -80,7 +80,7 @@ WRITER_THREAD_NAME = "prime-agent-store-writer"
 _BIGINT_MAX = 2**63 - 1
 
 UPDATABLE_SESSION_FIELDS: frozenset[str] = frozenset(
-    {"name", "cwd", "model", "backend", "sandbox_ref", "status", "leaf_event_id"}
+    {"name", "cwd", "model", "backend", "sandbox_ref", "status", "leaf_event_id", "budget_tokens"}
 )
 
 _T = TypeVar("_T")

@@ -42,7 +42,7 @@ __all__ = [
     "utcnow",
 ]
 
-SessionStatus = Literal["idle", "running", "completed", "error", "aborted"]
+SessionStatus = Literal["idle", "running", "inactive", "completed", "error", "aborted", "deleted"]
 SESSION_STATUSES: tuple[str, ...] = get_args(SessionStatus)
 
 # A guard against a parent cycle, which the writer never creates (a parent must exist before its
@@ -85,6 +85,8 @@ class SessionRecord:
     leaf_event_id: str | None = None
     created_at: datetime = field(default_factory=utcnow)
     updated_at: datetime = field(default_factory=utcnow)
+    rlm_child_id: str | None = None  # "sub-xxxxxxxx" for a child spawned by rlm()
+    budget_tokens: int | None = None  # reserved at spawn; None = only ancestors' budgets apply
 
 
 SESSION_COLUMNS: tuple[str, ...] = (
@@ -101,6 +103,8 @@ SESSION_COLUMNS: tuple[str, ...] = (
     "leaf_event_id",
     "created_at",
     "updated_at",
+    "rlm_child_id",
+    "budget_tokens",
 )
 _SESSION_SELECT = f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions"
 

@@ -86,7 +86,9 @@ async def test_fresh_file_is_migrated_with_private_modes(db_path: Path) -> None:
     await store.close()
     assert stat.S_IMODE(db_path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(db_path.stat().st_mode) == store_db.DATABASE_FILE_MODE
-    assert raw_rows(db_path, "SELECT version FROM schema_version") == [(1,)]
+    assert raw_rows(db_path, "SELECT version FROM schema_version") == [
+        (v,) for v in range(1, latest_schema_version() + 1)
+    ]
     tables = {r[0] for r in raw_rows(db_path, "SELECT table_name FROM duckdb_tables()")}
     assert {"schema_version", "sessions", "events", "usage"} <= tables
     indexes = {r[0] for r in raw_rows(db_path, "SELECT index_name FROM duckdb_indexes()")}
@@ -100,7 +102,9 @@ async def test_reopen_is_idempotent_and_keeps_data(db_path: Path) -> None:
     for _ in range(2):
         async with await Store.open(db_path) as store:
             assert [e.payload["text"] for e in await store.events(sid)] == ["kept"]
-    assert raw_rows(db_path, "SELECT version FROM schema_version") == [(1,)]
+    assert raw_rows(db_path, "SELECT version FROM schema_version") == [
+        (v,) for v in range(1, latest_schema_version() + 1)
+    ]
 
 
 async def test_newer_schema_is_refused_with_upgrade_message(db_path: Path) -> None:
@@ -553,3 +557,30 @@ def test_public_surface() -> None:
         "StoreStatistics",
         "UsageSummary",
     }
+
+
+async def test_every_earlier_schema_version_migrates(tmp_path: Path) -> None:
+    """R7: a database left at each earlier version opens, migrates, and keeps its rows."""
+    import duckdb
+
+    migrations = load_migrations()
+    for upto in range(1, len(migrations)):
+        path = tmp_path / f"v{upto}.duckdb"
+        con = duckdb.connect(str(path))
+        for m in migrations[:upto]:
+            con.execute(m.sql)
+            con.execute("INSERT INTO schema_version VALUES (?, now())", [m.version])
+        con.execute(
+            "INSERT INTO sessions (id, root_id, depth, cwd, model, backend, status, "
+            "created_at, updated_at) VALUES ('s-0000000000aa', 's-0000000000aa', 0, '/', "
+            "'m', 'local', 'idle', now(), now())"
+        )
+        con.close()
+        store = await Store.open(path)
+        try:
+            record = await store.get_session("s-0000000000aa")
+            assert record is not None and record.model == "m"
+        finally:
+            await store.close()
+        versions = raw_rows(path, "SELECT version FROM schema_version ORDER BY version")
+        assert versions == [(v,) for v in range(1, latest_schema_version() + 1)]
