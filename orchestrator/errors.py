@@ -10,6 +10,7 @@ behind ``--debug``.
 from __future__ import annotations
 
 __all__ = [
+    "BusError",
     "ConfigError",
     "EmbeddedModelError",
     "KernelDied",
@@ -78,6 +79,10 @@ class SandboxStartError(SandboxError):
 
 class KernelDied(SandboxError):
     """The kernel went away during or between executions."""
+
+
+class BusError(PrimeAgentError):
+    """The message bus (nats-server, a NATS connection, JetStream) failed or refused."""
 
 
 class StoreError(PrimeAgentError):

@@ -102,12 +102,18 @@ async def start_child(
     ready_timeout_s: float,
     stderr_path: Path | None = None,
     what: str,
+    ready_line: bool = True,
 ) -> ChildProcess:
     """Start ``argv`` in a new session; return once it prints one JSON line on stdout.
 
     The child must print exactly one JSON object line when it is ready (a port, a URL). If it
     exits first or stays silent past ``ready_timeout_s`` it is stopped and a
     ``ChildStartError`` carries the tail of its stderr.
+
+    ``ready_line=False`` is for programs that print no such line (nats-server): the child's
+    stdout goes where its stderr goes (never a pipe, so a child that outlives us cannot die of
+    SIGPIPE on its next log line), the call returns at once with ``ready == {}``, and the caller
+    checks readiness its own way. ``ready_timeout_s`` is then unused.
     """
 
     def _preexec() -> None:  # runs in the child between fork and exec
@@ -115,11 +121,14 @@ async def start_child(
             set_parent_death_signal(signal.SIGTERM)
 
     stderr_file = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115
+    stdout: Any = asyncio.subprocess.PIPE
+    if not ready_line:
+        stdout = stderr_file if stderr_file is not None else asyncio.subprocess.DEVNULL
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
+            stdout=stdout,
             stderr=stderr_file if stderr_file is not None else asyncio.subprocess.DEVNULL,
             env=dict(env),
             cwd=str(cwd) if cwd else None,
@@ -131,6 +140,8 @@ async def start_child(
         if stderr_file is not None:
             stderr_file.close()
     child = ChildProcess(proc=proc, ready={}, stderr_path=stderr_path)
+    if not ready_line:
+        return child
     assert proc.stdout is not None
     try:
         async with asyncio.timeout(ready_timeout_s):

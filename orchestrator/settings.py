@@ -67,6 +67,16 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 EMBEDDED_MODEL_NAME = "local/qwen2.5-coder-0.5b"
 EMBEDDED_CONTEXT_TOKENS = 8192
 
+# --- subagents and messages (SPEC.md §3) ------------------------------------------------------
+MAX_DEPTH = 1  # root is depth 0; children of depth MAX_DEPTH cannot spawn
+MAX_LIVE_CHILDREN = 32  # spawn quota per session
+MESSAGE_MAX_BYTES = 16 * 1024
+MESSAGE_PENDING_MAX = 20  # queued, not yet in the recipient's context
+MESSAGE_RATE_PER_S = 3.0  # token bucket per sender -> target (burst of the same size)
+RLM_QUERY_CONCURRENCY = 4  # rlm.query_batched in flight per session
+RLM_QUERY_BATCH_MAX = 64
+FAMILY_WAIT_TIMEOUT_S = 3600.0  # print mode: how long to wait for subagents to go quiet
+
 # --- sandboxes -------------------------------------------------------------------------------
 WARM_POOL_SIZE = 1  # started, idle sandboxes kept ready per image
 PROCESS_STOP_GRACE_S = 5.0  # SIGTERM -> grace -> SIGKILL of a child process group
@@ -111,6 +121,14 @@ class Settings(_Strict):
     model_stream_idle_timeout_s: float = Field(default=MODEL_STREAM_IDLE_TIMEOUT_S, gt=0)
     warm_pool_size: int = Field(default=WARM_POOL_SIZE, ge=0)
     max_turn_steps: int = Field(default=200, ge=1)  # model calls per user prompt
+    max_depth: int = Field(default=MAX_DEPTH, ge=0)
+    max_live_children: int = Field(default=MAX_LIVE_CHILDREN, ge=0)
+    message_max_bytes: int = Field(default=MESSAGE_MAX_BYTES, ge=1)
+    message_pending_max: int = Field(default=MESSAGE_PENDING_MAX, ge=1)
+    message_rate_per_s: float = Field(default=MESSAGE_RATE_PER_S, gt=0)
+    rlm_query_concurrency: int = Field(default=RLM_QUERY_CONCURRENCY, ge=1)
+    family_wait_timeout_s: float = Field(default=FAMILY_WAIT_TIMEOUT_S, gt=0)
+    session_token_budget: int | None = Field(default=None, gt=0)  # a root's budget
 
     def with_overrides(self, **changes: object) -> Settings:
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})

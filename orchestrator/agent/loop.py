@@ -33,10 +33,10 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 
-__all__ = ["AgentLoop", "EventSink", "Recorder", "TurnOutcome"]
+__all__ = ["AgentLoop", "EventSink", "LoopHooks", "Recorder", "TurnOutcome"]
 
 TOOL_NAME = "ipython"
-StopReason = Literal["completed", "error", "aborted", "max_steps"]
+StopReason = Literal["completed", "error", "aborted", "max_steps", "budget_exceeded"]
 
 
 class Recorder(Protocol):
@@ -46,6 +46,18 @@ class Recorder(Protocol):
 
 
 EventSink = Callable[[dict[str, Any]], None]
+
+
+class LoopHooks(Protocol):
+    """What the session manager lets the loop ask before each model call."""
+
+    def take_steering(self) -> list[UserMessagePayload]:
+        """Messages to inject now (steer mode), in order; they are recorded by the loop."""
+        ...
+
+    def budget_stop(self) -> str | None:
+        """Why the session may not make another model call (budget spent), or None."""
+        ...
 
 
 @dataclass
@@ -74,6 +86,7 @@ class AgentLoop:
         settings: Settings,
         context: ContextBuilder,
         sink: EventSink | None = None,
+        hooks: LoopHooks | None = None,
     ):
         self.session_id = session_id
         self.client = client
@@ -83,6 +96,7 @@ class AgentLoop:
         self.settings = settings
         self.context = context
         self.sink = sink
+        self.hooks = hooks
         self._fenced = client.model.tool_protocol == "fenced"
 
     async def _append(self, type_: str, payload: Any) -> Any:
@@ -95,9 +109,15 @@ class AgentLoop:
             self.sink({"session_id": self.session_id, **event})
 
     async def run(
-        self, prompt: str, *, source: Literal["user", "parent", "harness"] = "user"
+        self,
+        prompt: str | UserMessagePayload,
+        *,
+        source: Literal["user", "parent", "agent", "harness"] = "user",
     ) -> TurnOutcome:
-        await self._append("user_message", UserMessagePayload(text=prompt, source=source))
+        first = prompt if isinstance(prompt, UserMessagePayload) else None
+        await self._append(
+            "user_message", first or UserMessagePayload(text=str(prompt), source=source)
+        )
         try:
             return await self._steps()
         except asyncio.CancelledError:
@@ -107,6 +127,13 @@ class AgentLoop:
 
     async def _steps(self) -> TurnOutcome:
         for _ in range(self.settings.max_turn_steps):
+            if self.hooks is not None:
+                for message in self.hooks.take_steering():
+                    await self._append("user_message", message)
+                reason = self.hooks.budget_stop()
+                if reason is not None:
+                    await self._append("error", ErrorPayload(kind="budget", message=reason))
+                    return TurnOutcome(reason="budget_exceeded", final_text=reason)
             try:
                 reply = await self.client.complete(
                     [{"role": "system", "content": self.system_prompt}, *self.context.messages],

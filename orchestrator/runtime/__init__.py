@@ -11,6 +11,10 @@ What the extension installs:
   the whole group.
 - ``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff; it can
   be called plainly or awaited.
+- ``rlm``, ``agent_message``, ``agent_observe``: host requests over NATS (``rlm.py``,
+  ``messaging.py``, ``host.py``; docs/runtime.md). They are pushed as lazy stand-ins: the first
+  use imports the real object and puts it in the namespace in the stand-in's place, so a
+  kernel start pays for none of it (and ``nats`` is imported only by the first request).
 
 ``session_setup`` is what the host runs (silently) after every kernel (re)start to put the
 session's working directory and environment in place.
@@ -19,6 +23,7 @@ session's working directory and environment in place.
 from __future__ import annotations
 
 import os
+import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +38,13 @@ __all__ = [
 ]
 
 # Names the runtime adds to the user namespace (hidden from %who and namespace snapshots).
-RUNTIME_NAMES = ("edit",)
+RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe")
+# Name -> (module, attribute) of the helpers pushed as lazy stand-ins.
+LAZY_HELPERS = {
+    "rlm": ("orchestrator.runtime.rlm", "rlm"),
+    "agent_message": ("orchestrator.runtime.messaging", "agent_message"),
+    "agent_observe": ("orchestrator.runtime.messaging", "agent_observe"),
+}
 # ipykernel's shell init asks every subprocess for colour (TERM=xterm-color, FORCE_COLOR=1,
 # CLICOLOR_FORCE=1); the model reads plain text, and escape codes only cost tokens.
 PLAIN_OUTPUT_ENV = {"TERM": "dumb", "CLICOLOR": "0", "NO_COLOR": "1"}
@@ -51,6 +62,40 @@ def edit(path: str | os.PathLike[str], old: str, new: str) -> EditResult:
     return edit_file(path, old, new)
 
 
+class _LazyHelper:
+    """Stands in for a runtime object until first use, then swaps the real one into the
+    namespace (and keeps delegating, for references taken before the swap)."""
+
+    __slots__ = ("_attr", "_module", "_name", "_namespaces")
+
+    def __init__(
+        self, name: str, module: str, attr: str, namespaces: tuple[dict[str, Any], ...]
+    ) -> None:
+        self._name = name
+        self._module = module
+        self._attr = attr
+        self._namespaces = namespaces
+
+    def _resolve(self) -> Any:
+        target = getattr(importlib.import_module(self._module), self._attr)
+        for namespace in self._namespaces:
+            if namespace.get(self._name) is self:
+                namespace[self._name] = target
+        return target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._resolve(), name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return repr(self._resolve())
+
+    def __dir__(self) -> list[str]:
+        return dir(self._resolve())
+
+
 def _bash_cell_magic(line: str, cell: str) -> None:
     from orchestrator.runtime.bash import run_bash_cell
 
@@ -62,7 +107,10 @@ def load_ipython_extension(ipython: Any) -> None:
     # Replaces IPython's own %%bash (a script magic that neither kills the process group on
     # interrupt nor reports the exit status).
     ipython.register_magic_function(_bash_cell_magic, magic_kind="cell", magic_name="bash")
-    helpers = {"edit": edit}
+    helpers: dict[str, Any] = {"edit": edit}
+    namespaces = (ipython.user_ns, ipython.user_ns_hidden)
+    for name, (module, attr) in LAZY_HELPERS.items():
+        helpers[name] = _LazyHelper(name, module, attr, namespaces)
     ipython.user_ns.update(helpers)
     ipython.user_ns_hidden.update(helpers)
     for name in COLOR_FORCING_ENV:

@@ -59,7 +59,12 @@ class ContextBuilder:
     def add(self, type_: str, payload: dict[str, Any]) -> None:
         if type_ == "user_message":
             user = UserMessagePayload.model_validate(payload)
-            text = PARENT_TASK_PREFIX + user.text if user.source == "parent" else user.text
+            if user.source == "parent":
+                text = PARENT_TASK_PREFIX + user.text
+            elif user.source == "agent":
+                text = f"[message from {user.sender_label or user.sender}]\n{user.text}"
+            else:
+                text = user.text
             self.messages.append({"role": "user", "content": text})
         elif type_ == "assistant_message":
             msg = AssistantMessagePayload.model_validate(payload)

@@ -1,8 +1,9 @@
-"""Run one root session to completion in this process (print and JSON modes).
+"""Run one root session (and whatever family it spawns) to the end, in this process.
 
-Start-up overlaps the slow parts: the sandbox (kernel gateway + kernel) and the embedded model
-server start as background tasks while litellm imports on its thread, and the first model call
-does not wait for the sandbox — only the first cell does.
+This is print and JSON mode without a daemon. Start-up overlaps the slow parts: the root's
+sandbox, the embedded model server and the litellm import (on its thread) start together; the
+first model call does not wait for the sandbox, only the first cell does. The run ends when
+the whole tree is quiet: the root idle, no descendant running, no input waiting (SPEC.md).
 """
 
 from __future__ import annotations
@@ -10,26 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
-from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
-from orchestrator.errors import SandboxStartError, UserError
-from orchestrator.ids import new_session_id
-from orchestrator.models.client import ModelClient
+from orchestrator.agent.loop import EventSink, TurnOutcome
+from orchestrator.errors import UserError
 from orchestrator.models.registry import ResolvedModel
-from orchestrator.paths import Paths, ensure_private_dir
-from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
-from orchestrator.sessions.context import ContextBuilder
+from orchestrator.paths import Paths
+from orchestrator.sandbox.base import SandboxBackend
+from orchestrator.sessions.live import Inbound
+from orchestrator.sessions.manager import Orchestrator
 from orchestrator.settings import Settings
-from orchestrator.store.db import SessionRecord, Store
-from orchestrator.store.events import RunEndPayload
+from orchestrator.store.db import Store
+from orchestrator.store.events import UserMessagePayload
 
 __all__ = ["RunOptions", "RunResult", "make_backend", "run_session"]
 
-BACKENDS = ("local",)
 SESSION_NAME_MAX = 64
 
 
@@ -45,7 +43,6 @@ class RunOptions:
 class RunResult:
     session_id: str
     outcome: TurnOutcome
-    usage: dict[str, Any] = field(default_factory=dict)
 
 
 def make_backend(name: str, settings: Settings) -> SandboxBackend:
@@ -53,7 +50,8 @@ def make_backend(name: str, settings: Settings) -> SandboxBackend:
         raise UserError(f"backend {name!r} is not available yet; use --backend local")
     from orchestrator.sandbox.local import LocalBackend
 
-    # A one-shot run has exactly one session: a warm spare would only cost memory.
+    # The root's sandbox starts cold at once (overlapping the first model call); spares would
+    # only cost memory for a run that never spawns.
     return LocalBackend(
         pool_size=0,
         interrupt_grace_s=settings.interrupt_grace_s,
@@ -71,108 +69,44 @@ async def run_session(
     on_session: Callable[[str], None] | None = None,
 ) -> RunResult:
     store = await Store.open(paths.database_file)
-    try:
-        return await _run_with_store(opts, model, settings, paths, store, sink, on_session)
-    finally:
-        await asyncio.shield(store.close())
-
-
-async def _run_with_store(
-    opts: RunOptions,
-    model: ResolvedModel,
-    settings: Settings,
-    paths: Paths,
-    store: Store,
-    sink: EventSink | None,
-    on_session: Callable[[str], None] | None,
-) -> RunResult:
-    session_id = new_session_id()
-    first_line = opts.task.strip().splitlines()[0] if opts.task.strip() else ""
-    await store.create_session(
-        SessionRecord(
-            id=session_id,
-            root_id=session_id,
-            name=opts.name or first_line[:SESSION_NAME_MAX] or None,
-            cwd=str(opts.cwd),
-            model=model.selector,
-            backend=opts.backend,
-            status="running",
-        )
+    orch = Orchestrator(
+        store=store,
+        backend=make_backend(opts.backend, settings),
+        settings=settings,
+        paths=paths,
+        sink=sink,
     )
-    if on_session is not None:
-        on_session(session_id)
-    artifacts = ensure_private_dir(paths.session_artifacts(session_id))
-    backend = make_backend(opts.backend, settings)
-    spec = SandboxSpec(session_id=session_id, cwd=opts.cwd, artifacts_dir=artifacts)
-    sandbox_task: asyncio.Task[Sandbox] = asyncio.create_task(backend.create(spec))
-
-    async def get_sandbox() -> Sandbox:
-        try:
-            return await asyncio.shield(sandbox_task)
-        except SandboxStartError:
-            raise
-        except Exception as exc:  # a backend bug must still reach the model as an error
-            raise SandboxStartError(f"could not start the sandbox: {exc}") from exc
-
-    async def record(type_: str, payload: Any) -> Any:
-        rec = await store.append(session_id, type_, payload)  # type: ignore[arg-type]
-        if sink is not None:
-            sink(
-                {
-                    "type": rec.type,
-                    "session_id": rec.session_id,
-                    "seq": rec.seq,
-                    "id": rec.id,
-                    "parent_id": rec.parent_event_id,
-                    "ts": rec.ts.isoformat(),
-                    "payload": rec.payload,
-                }
-            )
-        return rec
-
     embedded = None
-    outcome: TurnOutcome | None = None
+    root = None
     try:
+        first_line = opts.task.strip().splitlines()[0] if opts.task.strip() else ""
         if model.embedded:
             from orchestrator.models.embedded import EmbeddedModel
 
             embedded = EmbeddedModel(settings.embedded, paths)
             await embedded.start()
             model = model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
-        prompt = build_system_prompt(
-            EnvironmentFacts(cwd=str(opts.cwd), model=model.selector, backend=opts.backend),
-            tool_protocol=model.tool_protocol,
+        root = await orch.create_session(
+            model=model,
+            cwd=opts.cwd,
+            name=opts.name or first_line[:SESSION_NAME_MAX] or None,
+            budget=settings.session_token_budget,
         )
-        loop = AgentLoop(
-            session_id=session_id,
-            client=ModelClient(model, settings),
-            system_prompt=prompt,
-            get_sandbox=get_sandbox,
-            record=record,
-            settings=settings,
-            context=ContextBuilder(),
-            sink=sink,
-        )
-        outcome = await loop.run(opts.task)
-        return RunResult(session_id=session_id, outcome=outcome)
+        if on_session is not None:
+            on_session(root.id)
+        orch.submit(root, Inbound(UserMessagePayload(text=opts.task)))
+        await orch.wait_quiet(root.record.root_id, settings.family_wait_timeout_s)
+        outcome = root.last_outcome or TurnOutcome(reason="aborted")
+        return RunResult(session_id=root.id, outcome=outcome)
     finally:
-        reason = outcome.reason if outcome is not None else "aborted"
-        final = outcome.final_text if outcome is not None else ""
-        status = {"completed": "completed", "aborted": "aborted"}.get(reason, "error")
 
         async def _finish() -> None:
-            with contextlib.suppress(Exception):
-                await record("run_end", RunEndPayload(reason=reason, final_text=final))
-                await store.update_session(session_id, status=status)
-            if not sandbox_task.done():
-                sandbox_task.cancel()
-            with contextlib.suppress(BaseException):
-                sandbox = await sandbox_task
-                await sandbox.stop()
-            with contextlib.suppress(Exception):
-                await backend.close()
+            if root is not None:
+                await orch.finish_root(root)
+            await orch.close()
             if embedded is not None:
                 with contextlib.suppress(Exception):
                     await embedded.stop()
+            await store.close()
 
         await asyncio.shield(_finish())

@@ -45,8 +45,12 @@ class _Payload(BaseModel):
 
 class UserMessagePayload(_Payload):
     text: str
-    # who put it there: the user, a parent agent (task), the harness (continuation, notice)
-    source: Literal["user", "parent", "harness"] = "user"
+    # who put it there: the user, a parent agent (task), another agent of the family (a
+    # message), the harness (continuation, notice)
+    source: Literal["user", "parent", "agent", "harness"] = "user"
+    sender: str | None = None  # session id of the sending agent (from its NATS credentials)
+    sender_label: str | None = None  # how the recipient sees the sender ("child worker-1")
+    message_id: str | None = None  # agent messages: dedupe key (each enters context once)
 
 
 class ToolCall(_Payload):
