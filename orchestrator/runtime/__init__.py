@@ -22,8 +22,8 @@ session's working directory and environment in place.
 
 from __future__ import annotations
 
-import os
 import importlib
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +63,9 @@ def edit(path: str | os.PathLike[str], old: str, new: str) -> EditResult:
 
 
 class _LazyHelper:
-    """Stands in for a runtime object until first use, then swaps the real one into the
-    namespace (and keeps delegating, for references taken before the swap)."""
+    # Stands in for a runtime object until first use, then swaps the real one into the
+    # namespace (and keeps delegating, for references taken before the swap). No docstring:
+    # ``__doc__`` is delegated too, so ``help(rlm)`` / ``rlm?`` show the real one.
 
     __slots__ = ("_attr", "_module", "_name", "_namespaces")
 
@@ -77,14 +78,20 @@ class _LazyHelper:
         self._namespaces = namespaces
 
     def _resolve(self) -> Any:
-        target = getattr(importlib.import_module(self._module), self._attr)
+        target = _lookup_helper(self._module, self._attr)
         for namespace in self._namespaces:
             if namespace.get(self._name) is self:
                 namespace[self._name] = target
         return target
 
     def __getattr__(self, name: str) -> Any:
+        if name in _LazyHelper.__slots__:  # not initialised (copy, unpickle): do not recurse
+            raise AttributeError(name)
         return getattr(self._resolve(), name)
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return getattr(self._resolve(), "__doc__", None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._resolve()(*args, **kwargs)
@@ -94,6 +101,14 @@ class _LazyHelper:
 
     def __dir__(self) -> list[str]:
         return dir(self._resolve())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickles (namespace snapshots, copies) as the real object, never the namespaces.
+        return (_lookup_helper, (self._module, self._attr))
+
+
+def _lookup_helper(module: str, attr: str) -> Any:
+    return getattr(importlib.import_module(module), attr)
 
 
 def _bash_cell_magic(line: str, cell: str) -> None:

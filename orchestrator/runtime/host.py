@@ -57,10 +57,15 @@ __all__ = [
 CONNECT_DEADLINE_S = 10.0  # first connection (all attempts together) must succeed within this
 CONNECT_ATTEMPT_TIMEOUT_S = 2  # one TCP + handshake attempt (nats-py wants an int)
 RECONNECT_WAIT_S = 1  # between reconnect attempts after a connection was lost (int for nats-py)
-RECONNECT_FOREVER = -1  # a kernel outlives daemon restarts: keep reconnecting
+# The first connection gives up after this many retries (a wrong URL or password should fail
+# in about a second, not hang); once connected, a kernel outlives daemon restarts: reconnect
+# forever.
+INITIAL_CONNECT_RETRIES = 1
+RECONNECT_FOREVER = -1
 CLOSE_TIMEOUT_S = 2.0
 MAX_RECORDED_ERRORS = 16
 PERMISSION_VIOLATION = "permissions violation"  # nats-py lowercases the server's -ERR text
+AUTHORIZATION_VIOLATION = "authorization violation"
 CONNECTION_NAME_PREFIX = "prime-agent-kernel"
 NOT_IN_SESSION = (
     "this kernel is not connected to an orchestrator ({detail}); host requests such as "
@@ -114,6 +119,8 @@ def encode_request(request_type: str, args: Mapping[str, Any] | None) -> bytes:
     """The request's JSON bytes; ``InvalidArgument`` if it is not JSON or too large."""
     if not isinstance(request_type, str) or not request_type.strip():
         raise InvalidArgument("the request type must be a non-empty string")
+    if args is not None and not isinstance(args, Mapping):
+        raise TypeError(f"{request_type}: args must be a dict, not {type(args).__name__}")
     body = {"v": wire.PROTOCOL_VERSION, "type": request_type, "args": dict(args or {})}
     try:
         data = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
@@ -157,7 +164,7 @@ class _Link:
         if self.violations <= mark:
             return None
         for _, text in reversed(self.errors):
-            if PERMISSION_VIOLATION in text:
+            if PERMISSION_VIOLATION in text.lower():
                 return text
         return PERMISSION_VIOLATION
 
@@ -225,7 +232,11 @@ class HostClient:
             raise InvalidArgument(
                 f"{request_type}: the request is larger than the message bus accepts"
             ) from None
-        except (nats_errors.ConnectionClosedError, nats_errors.ConnectionDrainingError):
+        except (
+            nats_errors.ConnectionClosedError,
+            nats_errors.ConnectionDrainingError,
+            nats_errors.OutboundBufferLimitError,
+        ):
             raise HostUnavailable(
                 f"the connection to the orchestrator closed while sending {request_type}; try again"
             ) from None
@@ -304,18 +315,37 @@ class HostClient:
                     allow_reconnect=True,
                     connect_timeout=CONNECT_ATTEMPT_TIMEOUT_S,
                     reconnect_time_wait=RECONNECT_WAIT_S,
-                    max_reconnect_attempts=RECONNECT_FOREVER,
+                    max_reconnect_attempts=INITIAL_CONNECT_RETRIES,
                 ),
                 CONNECT_DEADLINE_S,
             )
+        except asyncio.CancelledError:
+            # Interrupted (the cell was stopped): do not leave a half-made connection running.
+            _close_later(link)
+            raise
         except (TimeoutError, OSError, nats_errors.Error) as exc:
             await link.close()
             last = errors[-1][1] if errors else (str(exc) or type(exc).__name__)
+            if AUTHORIZATION_VIOLATION in last.lower():
+                raise HostUnavailable(
+                    f"the orchestrator's message bus at {config.url} refused this kernel's "
+                    f"credentials ({last})"
+                ) from None
             raise HostUnavailable(
                 f"cannot reach the orchestrator's message bus at {config.url} ({last})"
             ) from None
+        nc.options["max_reconnect_attempts"] = RECONNECT_FOREVER
         self.connections_opened += 1
         return link
+
+
+_closing: set[asyncio.Task[None]] = set()  # strong references until the close has run
+
+
+def _close_later(link: _Link) -> None:
+    task = asyncio.get_running_loop().create_task(link.close())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 def _quiet_nats_logging() -> None:

@@ -41,8 +41,7 @@ from orchestrator.runtime.rlm import (
 __all__ = [
     "MAX_MESSAGE_BYTES",
     "MESSAGE_MODES",
-    "OBSERVE_MAX_CHARS_RANGE",
-    "OBSERVE_RECENT_LIMIT_RANGE",
+    "OBSERVE_MIN",
     "RECEIVER_ROLES",
     "AgentFamily",
     "AgentInfo",
@@ -59,9 +58,9 @@ MAX_MESSAGE_BYTES = 16 * 1024  # UTF-8 bytes per message (SPEC.md §3)
 RECEIVER_ROLES = ("parent", "sibling", "child")
 MESSAGE_MODES = ("steer", "follow_up")
 OBSERVE_RECENT_DEFAULT_LIMIT = 8
-OBSERVE_RECENT_LIMIT_RANGE = (1, 50)
 OBSERVE_DEFAULT_MAX_CHARS = 800
-OBSERVE_MAX_CHARS_RANGE = (80, 2000)
+# Both must be positive; the host sets (and enforces) the upper bounds.
+OBSERVE_MIN = 1
 
 
 def _int_field(obj: Mapping[str, Any], key: str) -> int:
@@ -356,13 +355,16 @@ class AgentObserve:
         max_chars: int = OBSERVE_DEFAULT_MAX_CHARS,
         **unknown: Any,
     ) -> Coroutine[Any, Any, ObservedMessages]:
-        """The member's last ``limit`` (1..50) messages, each cut to ``max_chars`` (80..2000)."""
+        """The member's last ``limit`` messages, each cut to ``max_chars`` characters.
+
+        Both must be positive; the orchestrator caps them (``InvalidArgument`` above its cap).
+        """
         where = "agent_observe.recent"
         reject_unknown(where, unknown, ("limit", "max_chars"))
         args = {
             "target": _observe_target(where, target),
-            "limit": check_int(where, "limit", limit, *OBSERVE_RECENT_LIMIT_RANGE),
-            "max_chars": check_int(where, "max_chars", max_chars, *OBSERVE_MAX_CHARS_RANGE),
+            "limit": check_int(where, "limit", limit, OBSERVE_MIN),
+            "max_chars": check_int(where, "max_chars", max_chars, OBSERVE_MIN),
         }
         return self._recent(args)
 

@@ -305,7 +305,7 @@ class Rlm:
         return RLMSpawnHandle.from_wire(await self._client().request("rlm.run", args))
 
     def list_subagents(self, **unknown: Any) -> Coroutine[Any, Any, list[RLMSubagent]]:
-        """This session's direct children, deleted ones included (status ``deleted``)."""
+        """This session's direct children: id, name, status, model and usage so far."""
         reject_unknown("rlm.list_subagents", unknown, ())
         return self._list_subagents()
 
