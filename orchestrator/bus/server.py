@@ -103,7 +103,11 @@ RELOAD_TIMEOUT_S = 5.0  # SIGHUP -> new config in effect (measured ~5 ms)
 RELOAD_RETRY_FIRST_S = 0.001
 RELOAD_RETRY_MAX_S = 0.02
 PORT_ATTEMPTS = 3  # a free port can be taken between our probe and nats-server's bind
+LOCK_TIMEOUT_S = RELOAD_TIMEOUT_S + SERVER_START_TIMEOUT_S  # longer than any holder needs
+LOCK_RETRY_FIRST_S = 0.001
+LOCK_RETRY_MAX_S = 0.05
 LOG_TAIL_BYTES = 2048
+LOG_ERROR_LINES = 3  # lines of the server log quoted in an error
 STATE_VERSION = 1
 
 CONFIG_FILE = "nats-server.conf"
@@ -112,8 +116,6 @@ PID_FILE = "nats-server.pid"
 LOG_FILE = "nats-server.log"
 LOCK_FILE = "nats-server.lock"
 STORE_SUBDIR = "nats"  # under the data dir; nats-server adds its own "jetstream/" below
-
-_AUTH_VIOLATION = "authorization violation"  # nats-py lowercases server error text
 
 
 # --- the server contract ----------------------------------------------------------------------
@@ -403,7 +405,8 @@ class EmbeddedNats(BusServer):
 
     @property
     def running(self) -> bool:
-        return self._pid is not None
+        """True while the server this object started or adopted is alive."""
+        return self._pid is not None and self._is_our_server(self._pid)
 
     @property
     def reused(self) -> bool:
@@ -445,12 +448,22 @@ class EmbeddedNats(BusServer):
         except OSError:
             return ""
 
+    def _log_lines(self, count: int = LOG_ERROR_LINES) -> str:
+        return " | ".join(self.log_tail().strip().splitlines()[-count:])
+
     # -- lifecycle --
 
     async def start(self) -> None:
-        """Start nats-server, or adopt the one already running from this directory."""
-        if self._pid is not None:
+        """Start nats-server, or adopt the one already running from this directory.
+
+        Calling it again while the server runs does nothing; after the server died it starts
+        a new one (same port and users)."""
+        if self.running:
             return
+        if self._pid is not None:  # it died under us: reap it and sweep its group first
+            log.warning("nats-server pid %d exited unexpectedly; restarting it", self._pid)
+            async with self._lock:
+                await self._stop_locked()
         binary = self._binary or find_nats_server_binary()
         try:
             ensure_private_dir(self.runtime_dir)
@@ -478,7 +491,11 @@ class EmbeddedNats(BusServer):
                 f"{state.owner_pid} and dies with it; it cannot be shared"
             )
         self._state, self._pid, self._reused = state, pid, True
-        await self._probe(ADMIN_USER, state.admin_password)
+        try:
+            await self._probe(ADMIN_USER, state.admin_password)
+        except BaseException:
+            self.detach()  # not ours to stop: it answers, just not to our state's password
+            raise
         log.info("adopted nats-server pid %d on %s", pid, self.url)
 
     async def _start_fresh(self, binary: Path, state: _State | None) -> None:
@@ -495,8 +512,8 @@ class EmbeddedNats(BusServer):
             )
         state.die_with_parent = self._die_with_parent
         state.owner_pid = os.getpid()
-        with contextlib.suppress(OSError):
-            self.log_path.unlink()
+        with contextlib.suppress(OSError):  # keep the previous run's log (a crash's last words)
+            os.replace(self.log_path, self.log_path.with_name(LOG_FILE + ".1"))
         last_error = ""
         for _attempt in range(1 if self._port_wanted else PORT_ATTEMPTS):
             state.port = self._choose_port(state.port)
@@ -539,7 +556,7 @@ class EmbeddedNats(BusServer):
             if "address already in use" not in last_error.lower():
                 break
             state.port = 0  # taken since our probe: pick another
-        raise BusError("nats-server did not start: " + " | ".join(last_error.splitlines()[-3:]))
+        raise BusError("nats-server did not start: " + self._log_lines())
 
     def _choose_port(self, previous: int) -> int:
         if self._port_wanted:
@@ -565,7 +582,7 @@ class EmbeddedNats(BusServer):
         except TimeoutError:
             raise BusError(
                 f"nats-server did not listen within {self._start_timeout_s:.0f} s: "
-                + " | ".join(self.log_tail().strip().splitlines()[-3:])
+                + self._log_lines()
             ) from None
 
     async def stop(self) -> None:
@@ -655,20 +672,25 @@ class EmbeddedNats(BusServer):
         while True:
             if await self._login_ok(RELOAD_MARKER_USER, marker_password):
                 return
+            if self._pid is None or not self._is_our_server(self._pid):
+                raise BusError("nats-server exited during a config reload: " + self._log_lines())
             if time.monotonic() >= deadline:
                 raise BusError(
                     f"nats-server did not load its new config within {self._reload_timeout_s} s: "
-                    + " | ".join(self.log_tail().strip().splitlines()[-3:])
+                    + self._log_lines()
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, RELOAD_RETRY_MAX_S)
 
     async def _probe(self, user: str, password: str) -> None:
-        if not await self._login_ok(user, password):
+        # A first refusal can be the cut-off race described in _login_ok: ask twice.
+        if not await self._login_ok(user, password) and not await self._login_ok(user, password):
             raise BusError(f"nats-server at {self.url} refused the {user!r} login")
 
     async def _login_ok(self, user: str, password: str) -> bool:
-        """One connection attempt: True if accepted, False if the login was refused."""
+        """One connection attempt: True if accepted, False if refused (or cut off mid-login,
+        which is how a refusal sometimes arrives: the server closes before we finish writing).
+        A server that is not listening at all is a ``BusError``."""
 
         async def _quiet(exc: Exception) -> None:
             return None
@@ -683,10 +705,11 @@ class EmbeddedNats(BusServer):
                 connect_timeout=CONNECT_TIMEOUT_S,
                 error_cb=_quiet,
             )
-        except nats.errors.Error as exc:
-            if _AUTH_VIOLATION in str(exc).lower():
-                return False
-            raise BusError(f"cannot connect to nats-server at {self.url}: {exc}") from exc
+        except nats.errors.NoServersError as exc:
+            raise BusError(f"nats-server at {self.url} is not listening: {exc}") from exc
+        except (nats.errors.Error, ConnectionResetError, BrokenPipeError) as exc:
+            log.debug("login as %r not accepted: %s", user, exc)
+            return False
         except (OSError, TimeoutError) as exc:
             raise BusError(f"cannot connect to nats-server at {self.url}: {exc}") from exc
         await nc.close()
@@ -702,12 +725,26 @@ class EmbeddedNats(BusServer):
         except OSError as exc:
             raise BusError(f"cannot open the NATS lock file: {exc}") from exc
         try:
-            # Usually uncontended; a thread keeps the event loop free when another process holds
-            # it for the few milliseconds of a reload.
-            await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+            # Non-blocking attempts: contention means another process is in the middle of a
+            # start or a reload (milliseconds). A blocking flock would need a thread that a
+            # cancellation could not take back.
+            delay = LOCK_RETRY_FIRST_S
+            deadline = time.monotonic() + LOCK_TIMEOUT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise BusError(
+                            f"another process holds {self.runtime_dir / LOCK_FILE} "
+                            f"for more than {LOCK_TIMEOUT_S:g} s"
+                        ) from None
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, LOCK_RETRY_MAX_S)
             yield
         finally:
-            os.close(fd)  # closing the last descriptor releases the lock
+            os.close(fd)  # closing the descriptor releases the lock
 
     def _read_state(self) -> _State | None:
         try:
