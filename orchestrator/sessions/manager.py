@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 
-__all__ = ["FamilyTimeout", "Orchestrator", "SessionBus"]
+__all__ = ["TERMINAL_STATES", "FamilyTimeout", "Orchestrator", "SessionBus"]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,10 @@ class Orchestrator:
         live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
         return live
 
+    async def rename(self, live: LiveSession, name: str) -> None:
+        live.record = dataclasses.replace(live.record, name=name)
+        await self.store.update_session(live.id, name=name)
+
     async def _sandbox(self, live: LiveSession) -> Sandbox:
         task = live.ensure_sandbox(self.backend.create)
         try:
@@ -217,18 +222,19 @@ class Orchestrator:
             for leftover in reversed(live.steer):
                 live.follow.appendleft(leftover)
             live.steer.clear()
-            if outcome.reason in ("error", "budget_exceeded", "max_steps"):
-                await self._set_state(live, "error")
+            # Tell the parent *before* this session looks settled: otherwise a print-mode run
+            # could see the whole tree quiet in between and end before the parent hears.
+            failed = outcome.reason in ("error", "budget_exceeded", "max_steps")
+            if failed or not live.follow:
                 await self._notify_parent(live, outcome)
-                if outcome.reason == "budget_exceeded" or not live.follow:
-                    await self._changed_notify()
-                    if outcome.reason == "budget_exceeded":
-                        return
+            if failed:
+                await self._set_state(live, "error")
+                if outcome.reason == "budget_exceeded":
+                    return  # spent: no more turns for this session
                 continue
             if live.follow:
                 continue
             await self._set_state(live, "completed" if live.record.parent_id else "idle")
-            await self._notify_parent(live, outcome)
 
     async def _set_state(self, live: LiveSession, state: str) -> None:
         live.state = state  # type: ignore[assignment]

@@ -20,6 +20,8 @@ from orchestrator.errors import UserError
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
+from orchestrator.sessions.bus_link import NatsSessionBus
+from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import Inbound
 from orchestrator.sessions.manager import Orchestrator
 from orchestrator.settings import Settings
@@ -69,16 +71,19 @@ async def run_session(
     on_session: Callable[[str], None] | None = None,
 ) -> RunResult:
     store = await Store.open(paths.database_file)
+    bus = NatsSessionBus(paths)
     orch = Orchestrator(
         store=store,
         backend=make_backend(opts.backend, settings),
         settings=settings,
         paths=paths,
+        bus=bus,
         sink=sink,
     )
     embedded = None
     root = None
     try:
+        await bus.start(FamilyService(orch).handlers())
         first_line = opts.task.strip().splitlines()[0] if opts.task.strip() else ""
         if model.embedded:
             from orchestrator.models.embedded import EmbeddedModel
@@ -104,6 +109,7 @@ async def run_session(
             if root is not None:
                 await orch.finish_root(root)
             await orch.close()
+            await bus.close()
             if embedded is not None:
                 with contextlib.suppress(Exception):
                     await embedded.stop()

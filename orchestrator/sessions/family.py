@@ -1,0 +1,492 @@
+"""Host requests from kernels: subagents (``rlm``), messages and observation (SPEC.md §3).
+
+Every handler gets the caller's session id from the NATS subject the request arrived on (the
+router guarantees it), never from the payload. Limits are enforced here, by the host, whatever
+the model writes: depth, the live-children quota, budgets, the family rule, message size,
+pending count and rate (R11, R18).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from orchestrator.bus.router import HostRequestError
+from orchestrator.errors import UserError
+from orchestrator.ids import new_event_id
+from orchestrator.models.client import ModelClient
+from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.store.events import UserMessagePayload
+
+__all__ = ["FamilyService", "TokenBucket"]
+
+NAME_MAX = 64
+SLUG_WORDS = 4
+SLUG_MAX = 32
+FIND_MODELS_LIMIT_MAX = 20
+OBSERVE_LIMIT_MAX = 100
+OBSERVE_CHARS_MAX = 20_000
+OBSERVE_PREVIEW_CHARS = 400
+THINKING_LEVELS = frozenset({"off", "minimal", "low", "medium", "high", "xhigh", "max"})
+RLM_RUN_ARGS = frozenset({"prompt", "name", "model", "thinking", "budget"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+def _bad(message: str) -> HostRequestError:
+    return HostRequestError("invalid_argument", message)
+
+
+def _now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat()
+
+
+def _slug(text: str) -> str:
+    words = re.findall(r"[a-z0-9]+", text.lower())[:SLUG_WORDS]
+    return "-".join(words)[:SLUG_MAX].strip("-") or "task"
+
+
+class TokenBucket:
+    """``rate`` tokens per second, burst ``rate``; ``take()`` returns seconds to wait or None."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic):
+        self.rate = rate
+        self.tokens = rate
+        self.clock = clock
+        self.stamp = clock()
+
+    def take(self) -> float | None:
+        now = self.clock()
+        self.tokens = min(self.rate, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return None
+        return (1.0 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class _Target:
+    session: LiveSession
+    relationship: Literal["parent", "sibling", "child"]
+
+
+class FamilyService:
+    def __init__(self, orch: Orchestrator):
+        self.orch = orch
+        self._buckets: dict[tuple[str, str], TokenBucket] = {}
+        self._query_slots: dict[str, asyncio.Semaphore] = {}
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "rlm.run": self.rlm_run,
+            "rlm.list_subagents": self.rlm_list_subagents,
+            "rlm.delete_subagent": self.rlm_delete_subagent,
+            "rlm.find_models": self.rlm_find_models,
+            "rlm.query": self.rlm_query,
+            "rlm.query_batched": self.rlm_query_batched,
+            "agent_message.send": self.message_send,
+            "agent_message.list_agents": self.message_list_agents,
+            "agent_observe.list": self.observe_list,
+            "agent_observe.get": self.observe_get,
+            "agent_observe.recent": self.observe_recent,
+        }
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _caller(self, session_id: str) -> LiveSession:
+        live = self.orch.sessions.get(session_id)
+        if live is None or live.state == "deleted":
+            raise HostRequestError("not_found", f"session {session_id} is not live here")
+        return live
+
+    def _children(self, live: LiveSession) -> list[LiveSession]:
+        return [s for s in self.orch.sessions.values() if s.record.parent_id == live.id]
+
+    def _siblings(self, live: LiveSession) -> list[LiveSession]:
+        # Roots are siblings of each other (SPEC.md §3).
+        return [
+            s
+            for s in self.orch.sessions.values()
+            if s.record.parent_id == live.record.parent_id and s.id != live.id
+        ]
+
+    def _parent(self, live: LiveSession) -> LiveSession | None:
+        return self.orch.sessions.get(live.record.parent_id or "")
+
+    def _family(self, live: LiveSession) -> list[_Target]:
+        out: list[_Target] = []
+        parent = self._parent(live)
+        if parent is not None:
+            out.append(_Target(parent, "parent"))
+        out += [_Target(s, "sibling") for s in self._siblings(live)]
+        out += [_Target(s, "child") for s in self._children(live)]
+        return [t for t in out if t.session.state != "deleted"]
+
+    def _find_in_family(self, live: LiveSession, selector: str) -> _Target:
+        if not isinstance(selector, str) or not selector.strip():
+            raise _bad("target must be a non-empty name or id")
+        for target in self._family(live):
+            s = target.session
+            if selector in (s.record.name, s.id, s.record.rlm_child_id):
+                return target
+        raise HostRequestError(
+            "not_family",
+            f"{selector!r} is not your parent, sibling or child (see agent_message.list_agents())",
+        )
+
+    @staticmethod
+    def _describe(s: LiveSession, relationship: str | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": s.name,
+            "session_id": s.id,
+            "rlm_child_id": s.record.rlm_child_id,
+            "status": s.state,
+            "depth": s.record.depth,
+            "model": s.model.selector,
+        }
+        if relationship:
+            out["relationship"] = relationship
+        return out
+
+    # -- rlm --------------------------------------------------------------------------------
+
+    async def rlm_run(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        parent = self._caller(caller_id)
+        unknown = set(args) - RLM_RUN_ARGS
+        if unknown:
+            raise _bad(f"unknown arguments: {', '.join(sorted(unknown))}")
+        prompt = args.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _bad("prompt must be a non-empty string")
+        thinking = args.get("thinking")
+        if thinking is not None and thinking not in THINKING_LEVELS:
+            raise _bad(f"thinking must be one of {', '.join(sorted(THINKING_LEVELS))}")
+        budget = args.get("budget")
+        if budget is not None and (
+            not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0
+        ):
+            raise _bad("budget must be a positive number of tokens")
+        settings = self.orch.settings
+        if parent.record.depth + 1 > settings.max_depth:
+            raise HostRequestError(
+                "depth_limit",
+                f"depth limit reached: this session is at depth {parent.record.depth} and the "
+                f"maximum depth is {settings.max_depth}; do the work here instead",
+            )
+        live_children = [c for c in self._children(parent) if c.state not in TERMINAL_STATES]
+        if len(live_children) >= settings.max_live_children:
+            raise HostRequestError(
+                "quota_exceeded",
+                f"spawn quota reached: {len(live_children)} live children (maximum "
+                f"{settings.max_live_children}); delete finished ones with rlm.delete_subagent",
+            )
+        name = args.get("name")
+        if name is not None:
+            if not isinstance(name, str) or not name.strip():
+                raise _bad("name must be a non-empty string")
+            name = name.strip()
+            if len(name) > NAME_MAX or _CONTROL.search(name):
+                raise _bad(f"name must be at most {NAME_MAX} printable characters")
+            if any(c.record.name == name for c in self._children(parent) if c.state != "deleted"):
+                raise _bad(f"a subagent named {name!r} already exists")
+        model = parent.model
+        if args.get("model") is not None:
+            model = self._resolve_model(args["model"], parent)
+        if budget is not None:
+            problem = self.orch.budgets.can_reserve(parent.id, budget)
+            if problem is not None:
+                raise HostRequestError("budget_exceeded", problem)
+        elif self.orch.budgets.exhausted(parent.id) is not None:
+            raise HostRequestError("budget_exceeded", self.orch.budgets.exhausted(parent.id) or "")
+
+        child = await self.orch.create_session(
+            model=model,
+            cwd=parent.spec.cwd,
+            name=name or "pending",
+            parent=parent,
+            budget=budget,
+            eager_sandbox=False,  # started at the child's first cell (or from the warm pool)
+        )
+        if name is None:
+            # Default name: a slug of the prompt plus the child's short id (unique).
+            name = f"{_slug(prompt)}-{child.record.rlm_child_id}"
+            await self.orch.rename(child, name)
+        self.orch.submit(
+            child,
+            Inbound(
+                UserMessagePayload(
+                    text=prompt, source="parent", sender=parent.id, sender_label="parent"
+                )
+            ),
+        )
+        return {
+            "rlm_child_id": child.record.rlm_child_id,
+            "name": name,
+            "session_id": child.id,
+            "model": model.selector,
+        }
+
+    def _resolve_model(self, selector: Any, parent: LiveSession) -> ResolvedModel:
+        if not isinstance(selector, str) or not selector.strip():
+            raise _bad("model must be a provider/name string")
+        if selector.strip() == parent.model.selector:
+            return parent.model
+        try:
+            return resolve_model(selector.strip(), self.orch.settings)
+        except UserError as exc:
+            raise HostRequestError("model_unavailable", str(exc)) from None
+
+    async def rlm_list_subagents(self, caller_id: str, args: dict[str, Any]) -> list[Any]:
+        parent = self._caller(caller_id)
+        records = [r for r in await self.orch.store.list_sessions() if r.parent_id == parent.id]
+        usage = {
+            u.session_id: u for u in await self.orch.store.usage_summary([r.id for r in records])
+        }
+        out = []
+        for rec in records:
+            live = self.orch.sessions.get(rec.id)
+            u = usage.get(rec.id)
+            out.append(
+                {
+                    "rlm_child_id": rec.rlm_child_id,
+                    "name": rec.name,
+                    "session_id": rec.id,
+                    "status": live.state if live else rec.status,
+                    "model": rec.model,
+                    "usage": {
+                        "input": u.input if u else 0,
+                        "output": u.output if u else 0,
+                        "cost_usd": u.cost_usd if u else None,
+                        "calls": u.calls if u else 0,
+                    },
+                }
+            )
+        return out
+
+    async def rlm_delete_subagent(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        parent = self._caller(caller_id)
+        selector = args.get("target")
+        for child in self._children(parent):
+            if child.state != "deleted" and selector in (
+                child.id,
+                child.record.rlm_child_id,
+                child.record.name,
+            ):
+                await self.orch.stop_session(child, state="deleted")
+                return {**self._describe(child), "status": "deleted"}
+        raise HostRequestError("not_found", f"no subagent {selector!r} among your children")
+
+    async def rlm_find_models(self, caller_id: str, args: dict[str, Any]) -> list[dict[str, str]]:
+        caller = self._caller(caller_id)
+        query = str(args.get("query") or "").strip().lower()
+        limit = args.get("limit", 8)
+        if not isinstance(limit, int) or not 1 <= limit <= FIND_MODELS_LIMIT_MAX:
+            raise _bad(f"limit must be 1..{FIND_MODELS_LIMIT_MAX}")
+        selectors = [caller.model.selector, *self.orch.settings.models]
+        seen: set[str] = set()
+        ranked: list[tuple[int, str]] = []
+        for sel in selectors:
+            if sel in seen:
+                continue
+            seen.add(sel)
+            low = sel.lower()
+            if not query or query in low:
+                rank = 0 if low == query else (1 if low.startswith(query) else 2)
+                ranked.append((rank, sel))
+        ranked.sort()
+        out = []
+        for _, sel in ranked[:limit]:
+            provider, _, name = sel.partition("/")
+            out.append({"provider": provider, "id": name, "name": name, "selector": sel})
+        return out
+
+    async def rlm_query(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        caller = self._caller(caller_id)
+        prompt = args.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _bad("prompt must be a non-empty string")
+        model = caller.model
+        if args.get("model") is not None:
+            model = self._resolve_model(args["model"], caller)
+        return {"text": await self._complete(caller, model, prompt)}
+
+    async def rlm_query_batched(self, caller_id: str, args: dict[str, Any]) -> list[Any]:
+        caller = self._caller(caller_id)
+        prompts = args.get("prompts")
+        limit = self.orch.settings.rlm_query_concurrency
+        from orchestrator.settings import RLM_QUERY_BATCH_MAX
+
+        if (
+            not isinstance(prompts, list)
+            or not prompts
+            or len(prompts) > RLM_QUERY_BATCH_MAX
+            or not all(isinstance(p, str) and p.strip() for p in prompts)
+        ):
+            raise _bad(f"prompts must be a list of 1..{RLM_QUERY_BATCH_MAX} non-empty strings")
+        model = caller.model
+        if args.get("model") is not None:
+            model = self._resolve_model(args["model"], caller)
+        slots = self._query_slots.setdefault(caller.id, asyncio.Semaphore(limit))
+
+        async def one(p: str) -> dict[str, Any]:
+            async with slots:
+                try:
+                    return {"ok": True, "text": await self._complete(caller, model, p)}
+                except HostRequestError as exc:
+                    return {"ok": False, "error": {"code": exc.code, "message": str(exc)}}
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+    async def _complete(self, caller: LiveSession, model: ResolvedModel, prompt: str) -> str:
+        problem = self.orch.budgets.exhausted(caller.id)
+        if problem is not None:
+            raise HostRequestError("budget_exceeded", problem)
+        from orchestrator.errors import ModelError
+
+        try:
+            reply = await ModelClient(model, self.orch.settings).complete(
+                [{"role": "user", "content": prompt}]
+            )
+        except ModelError as exc:
+            raise HostRequestError("model_unavailable", str(exc)) from None
+        await self.orch.record(caller, "usage", reply.usage)  # accounted to the caller
+        return reply.text
+
+    # -- messages ---------------------------------------------------------------------------
+
+    async def message_send(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        sender = self._caller(caller_id)
+        allowed = {"message", "receiver_role", "receiver_name", "mode"}
+        if set(args) - allowed:
+            raise _bad(f"unknown arguments: {', '.join(sorted(set(args) - allowed))}")
+        message = args.get("message")
+        role = args.get("receiver_role", "parent")
+        receiver = args.get("receiver_name")
+        mode = args.get("mode", "steer")
+        settings = self.orch.settings
+        if not isinstance(message, str) or not message.strip():
+            raise _bad("message must be a non-empty string")
+        if len(message.encode("utf-8")) > settings.message_max_bytes:
+            raise _bad(f"message is larger than {settings.message_max_bytes} bytes")
+        if mode not in ("steer", "follow_up"):
+            raise _bad("mode must be 'steer' or 'follow_up'")
+        if role == "parent":
+            if receiver is not None:
+                raise _bad("receiver_name is not allowed for the parent")
+            parent = self._parent(sender)
+            if parent is None:
+                raise HostRequestError("not_found", "a root session has no parent")
+            target = _Target(parent, "parent")
+        elif role in ("sibling", "child"):
+            if not isinstance(receiver, str) or not receiver:
+                raise _bad(f"receiver_name is required for a {role}")
+            pool = self._siblings(sender) if role == "sibling" else self._children(sender)
+            match = [
+                s
+                for s in pool
+                if s.state != "deleted" and receiver in (s.record.name, s.id, s.record.rlm_child_id)
+            ]
+            if not match:
+                raise HostRequestError("not_family", f"you have no {role} named {receiver!r}")
+            target = _Target(match[0], role)
+        else:
+            raise _bad("receiver_role must be 'parent', 'sibling' or 'child'")
+        dest = target.session
+        if dest.state in ("deleted", "aborted"):
+            raise HostRequestError("not_found", f"{dest.name} is {dest.state}")
+        if dest.pending >= settings.message_pending_max:
+            raise HostRequestError(
+                "quota_exceeded",
+                f"{dest.name} already has {dest.pending} messages waiting; let it read them first",
+            )
+        bucket = self._buckets.setdefault(
+            (sender.id, dest.id), TokenBucket(settings.message_rate_per_s)
+        )
+        wait = bucket.take()
+        if wait is not None:
+            raise HostRequestError(
+                "rate_limited", f"too many messages to {dest.name}; retry in {wait:.2f} s", wait
+            )
+        label = {
+            "parent": f"child {sender.name} ({sender.record.rlm_child_id})",
+            "child": "parent",
+            "sibling": f"sibling {sender.name}",
+        }[target.relationship]
+        message_id = "m-" + new_event_id()
+        payload = UserMessagePayload(
+            text=message,
+            source="agent",
+            sender=sender.id,
+            sender_label=label,
+            message_id=message_id,
+        )
+        if target.relationship == "parent":
+            sender.replied_to_parent = True
+        status = self.orch.submit(dest, Inbound(payload, mode=mode))
+        return {"id": message_id, "status": status, "target": dest.name, "at": _now_iso()}
+
+    async def message_list_agents(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        live = self._caller(caller_id)
+        parent = self._parent(live)
+        return {
+            "self": self._describe(live),
+            "parent": self._describe(parent) if parent else None,
+            "siblings": [self._describe(s) for s in self._siblings(live) if s.state != "deleted"],
+            "children": [self._describe(s) for s in self._children(live) if s.state != "deleted"],
+        }
+
+    # -- observation (read-only) ------------------------------------------------------------
+
+    async def _observed(self, target: _Target) -> dict[str, Any]:
+        s = target.session
+        events = await self.orch.store.events(s.id)
+        talk = [e for e in events if e.type in ("user_message", "assistant_message")]
+        last = next((e for e in reversed(events) if e.type == "assistant_message"), None)
+        preview = str(last.payload.get("text", "")) if last is not None else ""
+        return {
+            **self._describe(s, target.relationship),
+            "streaming": s.state == "running",
+            "message_count": len(talk),
+            "pending_count": s.pending,
+            "latest_preview": preview[:OBSERVE_PREVIEW_CHARS],
+        }
+
+    async def observe_list(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        live = self._caller(caller_id)
+        return {"agents": [await self._observed(t) for t in self._family(live)]}
+
+    async def observe_get(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        target = self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
+        return await self._observed(target)
+
+    async def observe_recent(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
+        target = self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
+        limit = args.get("limit", 8)
+        max_chars = args.get("max_chars", 800)
+        if not isinstance(limit, int) or not 1 <= limit <= OBSERVE_LIMIT_MAX:
+            raise _bad(f"limit must be 1..{OBSERVE_LIMIT_MAX}")
+        if not isinstance(max_chars, int) or not 1 <= max_chars <= OBSERVE_CHARS_MAX:
+            raise _bad(f"max_chars must be 1..{OBSERVE_CHARS_MAX}")
+        roles = {"user_message": "user", "assistant_message": "assistant", "tool_result": "tool"}
+        events = await self.orch.store.events(target.session.id)
+        wanted = [e for e in events if e.type in roles]
+        return {
+            "messages": [
+                {
+                    "role": roles[e.type],
+                    "text": str(e.payload.get("text", ""))[:max_chars],
+                    "at": e.ts.isoformat(),
+                    "seq": e.seq,
+                }
+                for e in wanted[-limit:]
+            ]
+        }
