@@ -16,6 +16,7 @@ try:  # typer >= 0.20 vendors click; its UsageError is the base of every parse e
 except ImportError:  # pragma: no cover - older typer on plain click
     from click.exceptions import UsageError  # type: ignore[assignment]
 
+from orchestrator.cli import agents as agents_cmd
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import run as run_cmd
 from orchestrator.cli import usage as usage_cmd
@@ -31,6 +32,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("usage", help="Tokens and cost per session.")(usage_cmd.usage)
+app.command("agents", help="Session trees: status, depth, backend, usage.")(agents_cmd.agents)
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
 )
@@ -41,7 +43,7 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset({"usage", "export"})
+SUBCOMMANDS = frozenset({"usage", "export", "agents"})
 
 
 def _invoke(group: typer.Typer, args: list[str]) -> None:

@@ -18,9 +18,23 @@ def usage(
     session: Annotated[
         str | None, typer.Argument(help="Session id (or unique prefix or name).")
     ] = None,
+    tree: Annotated[
+        str | None, typer.Option("--tree", help="A session and its subagents: own vs. total.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per session.")] = False,
     debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
+    if tree is not None:
+        from orchestrator.cli.agents import load_forest
+        from orchestrator.sessions.accounting import render_tree
+
+        forest = guarded(lambda: asyncio.run(load_forest(tree)), debug=debug)
+        if as_json:
+            typer.echo(json.dumps([n.as_dict() for n in forest], default=str))
+        else:
+            for line in render_tree(forest):
+                typer.echo(line)
+        return
     guarded(lambda: asyncio.run(_usage(session, as_json)), debug=debug)
 
 

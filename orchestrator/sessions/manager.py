@@ -328,8 +328,7 @@ class Orchestrator:
                 RunEndPayload(reason=reason, final_text=outcome.final_text if outcome else ""),
             )
         final = {"completed": "completed", "aborted": "aborted"}.get(reason, "error")
-        with contextlib.suppress(Exception):
-            await self.store.update_session(live.id, status=final)
+        await self._set_state(live, final)
 
     async def close(self) -> None:
         self._closing = True
