@@ -305,3 +305,27 @@ async def test_print_mode_gives_up_waiting_with_a_typed_reason() -> None:
     settings = FAST.with_overrides(family_wait_timeout_s=3.0)
     with pytest.raises(FamilyTimeout, match="sleeper"):
         await _run(script, "stall", settings)
+
+
+REGISTRY = """
+repeat forever:
+    when "[task from parent]":
+        text: child idle
+    when "[subagent":
+        text: noted
+    when "children [":
+        text: done
+    when "spawned":
+        code: import os; os.kill(os.getpid(), 9)
+    when "registry":
+        code: await rlm("stay", name="kept"); print("spawned")
+    else:
+        code: print("children", [c.name for c in await rlm.list_subagents()])
+"""
+
+
+async def test_child_registry_survives_a_kernel_restart() -> None:
+    _, _sessions, events, _ = await _run(REGISTRY, "registry")
+    results = [p for t, p in events["registry"] if t == "tool_result"]
+    assert results[1]["kernel_restarted"] and results[1]["status"] == "kernel_died"
+    assert results[2]["text"] == "children ['kept']"
