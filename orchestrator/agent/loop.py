@@ -150,21 +150,21 @@ class AgentLoop:
             stop: Literal["stop", "tool_calls", "length"] = (
                 "tool_calls" if calls else ("length" if reply.finish_reason == "length" else "stop")
             )
-            await self._append(
-                "assistant_message",
-                AssistantMessagePayload(
-                    text=text,
-                    tool_calls=[
-                        ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls
-                    ],
-                    stop_reason=stop,
-                    provider=reply.usage.provider,
-                    model=reply.usage.model,
-                    usage=reply.usage,
-                    fenced=fenced,
-                ),
+            reply_message = AssistantMessagePayload(
+                text=text,
+                tool_calls=[ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls],
+                stop_reason=stop,
+                provider=reply.usage.provider,
+                model=reply.usage.model,
+                usage=reply.usage,
+                fenced=fenced,
             )
-            await self.record("usage", reply.usage)
+            # Both appends are queued before either commits, so the store's group commit
+            # writes them in one transaction (in this order): one fsync per step saved.
+            await asyncio.gather(
+                self._append("assistant_message", reply_message),
+                self.record("usage", reply.usage),
+            )
             if not calls:
                 return TurnOutcome(reason="completed", final_text=text)
             for call in calls:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -139,7 +140,11 @@ def _run(
         return EXIT_ERROR
 
     try:
-        return asyncio.run(main())
+        code = asyncio.run(main())
+        # Everything is closed; tearing down litellm's ~4,000 modules object by object costs
+        # ~1 s at exit. Freezing the heap lets the interpreter skip collecting it.
+        gc.freeze()
+        return code
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("prime-agent: interrupted; the session history is kept", file=sys.stderr)
         return EXIT_ABORTED
