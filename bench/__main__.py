@@ -65,6 +65,12 @@ def _memory(a: argparse.Namespace) -> dict[str, Any]:
     return bench_memory.run(a.quick, with_embedded=a.with_embedded)
 
 
+def _family(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_family
+
+    return bench_family.run(a.quick)
+
+
 def _store(a: argparse.Namespace) -> dict[str, Any]:
     from bench import bench_store
 
@@ -77,6 +83,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]
     "first_cell": ("first-cell latency, warm pool and cold", _first_cell),
     "memory": ("peak RSS of a -p run's process tree", _memory),
     "store": ("DuckDB store append throughput", _store),
+    "family": ("subagent admission, host requests, message delivery", _family),
 }
 
 

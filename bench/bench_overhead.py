@@ -100,7 +100,7 @@ async def _one_run(srv: FakeServerProcess, base: Path, cells: int) -> dict[str, 
     with _timed_appends() as appends:
         started = time.perf_counter()
         result = await run_session(
-            RunOptions(task=TASK, cwd=base), model, settings, paths, sink=sink
+            RunOptions(task=TASK, cwd=base, backend="local"), model, settings, paths, sink=sink
         )
         total_s = time.perf_counter() - started
     if result.outcome.reason != "completed":

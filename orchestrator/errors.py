@@ -10,6 +10,7 @@ behind ``--debug``.
 from __future__ import annotations
 
 __all__ = [
+    "ApiError",
     "BusError",
     "ConfigError",
     "EmbeddedModelError",
@@ -91,3 +92,17 @@ class StoreError(PrimeAgentError):
 
 class StoreLocked(UserError, StoreError):
     """Another process holds the database file."""
+
+
+class ApiError(PrimeAgentError):
+    """The control API (the daemon's Unix socket) refused, failed or was misused.
+
+    ``code`` is a wire code (``orchestrator.api.protocol.ERROR_CODES``), or for failures that
+    never reach the wire one of the codes in ``orchestrator.api.errors``; callers branch on it
+    without parsing the message.
+    """
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message

@@ -208,18 +208,17 @@ class FamilyService:
         elif self.orch.budgets.exhausted(parent.id) is not None:
             raise HostRequestError("budget_exceeded", self.orch.budgets.exhausted(parent.id) or "")
 
+        slug = _slug(prompt)
         child = await self.orch.create_session(
             model=model,
             cwd=parent.spec.cwd,
-            name=name or "pending",
+            name=name,
+            # Default name: a slug of the prompt plus the child's short id (unique).
+            name_for=lambda child_id: f"{slug}-{child_id}",
             parent=parent,
             budget=budget,
             eager_sandbox=False,  # started at the child's first cell (or from the warm pool)
         )
-        if name is None:
-            # Default name: a slug of the prompt plus the child's short id (unique).
-            name = f"{_slug(prompt)}-{child.record.rlm_child_id}"
-            await self.orch.rename(child, name)
         self.orch.submit(
             child,
             Inbound(
@@ -230,7 +229,7 @@ class FamilyService:
         )
         return {
             "rlm_child_id": child.record.rlm_child_id,
-            "name": name,
+            "name": child.name,
             "session_id": child.id,
             "model": model.selector,
         }

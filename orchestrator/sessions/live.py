@@ -69,9 +69,7 @@ class LiveSession:
         taken, self.steer = self.steer, []
         return [item.payload for item in taken]
 
-    def ensure_sandbox(
-        self, create: Callable[[SandboxSpec], Awaitable[Sandbox]]
-    ) -> asyncio.Task[Sandbox]:
+    def ensure_sandbox(self, start: Callable[[], Awaitable[Sandbox]]) -> asyncio.Task[Sandbox]:
         if self.sandbox_task is None:
-            self.sandbox_task = asyncio.ensure_future(create(self.spec))
+            self.sandbox_task = asyncio.ensure_future(start())
         return self.sandbox_task

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,11 @@ class Orchestrator:
         parent: LiveSession | None = None,
         budget: int | None = None,
         eager_sandbox: bool = True,
+        name_for: Callable[[str], str] | None = None,
     ) -> LiveSession:
         session_id = new_session_id()
+        if name is None and name_for is not None:
+            name = name_for(child_id_for(session_id))
         record = SessionRecord(
             id=session_id,
             root_id=parent.record.root_id if parent else session_id,
@@ -119,11 +123,12 @@ class Orchestrator:
             budget_tokens=budget,
         )
         await self.store.create_session(record)
-        env: dict[str, str] = {}
-        if self.bus is not None:
-            env = await self.bus.credentials_env(session_id)
-        env["PRIME_AGENT_DEPTH"] = str(record.depth)
-        env["PRIME_AGENT_MAX_DEPTH"] = str(self.settings.max_depth)
+        # The NATS user is created with the sandbox (its only user), not here: a child that
+        # never runs a cell costs no bus reload, and admission stays fast.
+        env = {
+            "PRIME_AGENT_DEPTH": str(record.depth),
+            "PRIME_AGENT_MAX_DEPTH": str(self.settings.max_depth),
+        }
         spec = SandboxSpec(
             session_id=session_id,
             cwd=cwd,
@@ -149,16 +154,18 @@ class Orchestrator:
         )
         self.sessions[session_id] = live
         if eager_sandbox:
-            live.ensure_sandbox(self.backend.create)
+            live.ensure_sandbox(lambda: self._start_sandbox(live))
         live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
         return live
 
-    async def rename(self, live: LiveSession, name: str) -> None:
-        live.record = dataclasses.replace(live.record, name=name)
-        await self.store.update_session(live.id, name=name)
+    async def _start_sandbox(self, live: LiveSession) -> Sandbox:
+        if self.bus is not None:
+            creds = await self.bus.credentials_env(live.id)
+            live.spec = dataclasses.replace(live.spec, env={**live.spec.env, **creds})
+        return await self.backend.create(live.spec)
 
     async def _sandbox(self, live: LiveSession) -> Sandbox:
-        task = live.ensure_sandbox(self.backend.create)
+        task = live.ensure_sandbox(lambda: self._start_sandbox(live))
         try:
             return await asyncio.shield(task)
         except SandboxStartError:

@@ -32,7 +32,7 @@ async def _run(
     with FakeModelServer(script) as srv:
         model = resolve_model("openai/fake", settings, api_base=srv.url, env={})
         result = await run_session(
-            RunOptions(task=task, cwd=cwd or Path.cwd()), model, settings, paths
+            RunOptions(task=task, cwd=cwd or Path.cwd(), backend="local"), model, settings, paths
         )
         requests = srv
     store = await Store.open(paths.database_file, read_only=True)
@@ -178,7 +178,13 @@ async def test_cancel_records_the_abort_and_leaves_a_result_for_the_open_call() 
     with FakeModelServer("code: import time; time.sleep(60)") as srv:
         model = resolve_model("openai/fake", FAST, api_base=srv.url, env={})
         task = asyncio.create_task(
-            run_session(RunOptions(task="sleep", cwd=Path.cwd()), model, FAST, paths, sink=sink)
+            run_session(
+                RunOptions(task="sleep", cwd=Path.cwd(), backend="local"),
+                model,
+                FAST,
+                paths,
+                sink=sink,
+            )
         )
         await asyncio.wait_for(started.wait(), timeout=60)
         task.cancel()

@@ -27,7 +27,9 @@ async def _run(
     paths = Paths.from_env()
     with FakeModelServer(script) as srv:
         model = resolve_model("openai/fake", settings, api_base=srv.url, env={})
-        result = await run_session(RunOptions(task=task, cwd=Path.cwd()), model, settings, paths)
+        result = await run_session(
+            RunOptions(task=task, cwd=Path.cwd(), backend="local"), model, settings, paths
+        )
         requests = list(srv.requests)
     store = await Store.open(paths.database_file, read_only=True)
     try:

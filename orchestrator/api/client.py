@@ -1,0 +1,344 @@
+"""The control API client used by the CLI and the TUI.
+
+    async with await ControlClient.connect() as client:
+        await client.call("ping")
+        await client.call("attach", session=sid)
+        async for message in client.events():   # Event or Resync
+            ...
+
+One background task reads the socket and routes each line: responses to the request waiting on
+that ``command_id``, events and resyncs to a bounded queue that ``events()`` drains. If that queue
+overflows (the consumer stopped draining it), queued events are replaced by a local ``Resync``
+per session, the same contract as the server's: a consumer either sees every event in order or
+is told to resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from pydantic import ValidationError
+
+from orchestrator.api.errors import (
+    ApiCommandError,
+    ConnectionClosed,
+    DaemonNotRunning,
+    PermissionDenied,
+    ProtocolMismatch,
+)
+from orchestrator.api.framing import (
+    LINE_TOO_LONG,
+    FrameError,
+    LineReader,
+    decode_line,
+    encode_message,
+)
+from orchestrator.api.protocol import (
+    CLIENT_CAPABILITIES,
+    E_INVALID_COMMAND,
+    E_LINE_TOO_LONG,
+    E_PERMISSION_DENIED,
+    E_VERSION_MISMATCH,
+    PROTOCOL_VERSION,
+    Command,
+    ErrorMessage,
+    Event,
+    Hello,
+    Response,
+    Resync,
+    Welcome,
+    command_adapter,
+    server_message_adapter,
+)
+from orchestrator.api.server import default_socket_path, version_mismatch_message
+from orchestrator.errors import ApiError
+
+__all__ = [
+    "CLIENT_EVENT_QUEUE_MAX",
+    "CONNECT_TIMEOUT_S",
+    "ControlClient",
+    "request_sync",
+]
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S: Final = 5.0
+CLIENT_EVENT_QUEUE_MAX: Final = 10_000
+_CLIENT_ID_PREFIX: Final = "c"
+_RANDOM_HEX_CHARS: Final = 12
+
+
+class ControlClient:
+    """A connected, handshaken client. Build it with ``await ControlClient.connect(...)``."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        client_id: str,
+        welcome: Welcome,
+        lines: LineReader,
+    ):
+        self.client_id = client_id
+        self.welcome = welcome
+        self._writer = writer
+        self._lines = lines
+        self._send_lock = asyncio.Lock()
+        self._pending: dict[str, asyncio.Future[Response]] = {}
+        self._events: deque[Event | Resync] = deque()
+        self._events_ready = asyncio.Event()
+        # Command ids: unique within this process's use of the client id; a retry after a
+        # reconnect must reuse the id it sent before, which is why callers may pass their own.
+        self._id_prefix = uuid.uuid4().hex[:_RANDOM_HEX_CHARS]
+        self._ids = itertools.count(1)
+        self._closed = False
+        self.last_error: ErrorMessage | None = None
+        self._reader_task = asyncio.create_task(self._read_loop(), name="control-client-reader")
+
+    # ---------------------------------------------------------------------------- connecting
+
+    @classmethod
+    async def connect(
+        cls,
+        socket_path: Path | str | None = None,
+        *,
+        client_id: str | None = None,
+        capabilities: Iterable[str] = CLIENT_CAPABILITIES,
+        timeout: float = CONNECT_TIMEOUT_S,
+    ) -> ControlClient:
+        path = Path(socket_path) if socket_path is not None else default_socket_path()
+        client_id = client_id or f"{_CLIENT_ID_PREFIX}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_unix_connection(str(path))
+        except (FileNotFoundError, ConnectionRefusedError):
+            raise DaemonNotRunning(f"no daemon is listening on {path}; start it first") from None
+        except PermissionError:
+            raise PermissionDenied(f"no permission to connect to {path}") from None
+        except TimeoutError:
+            raise DaemonNotRunning(f"the daemon on {path} did not accept in {timeout}s") from None
+        lines = LineReader(reader)
+        try:
+            async with asyncio.timeout(timeout):
+                welcome = await cls._handshake(writer, lines, client_id, capabilities)
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer, client_id=client_id, welcome=welcome, lines=lines)
+
+    @staticmethod
+    async def _handshake(
+        writer: asyncio.StreamWriter,
+        lines: LineReader,
+        client_id: str,
+        capabilities: Iterable[str],
+    ) -> Welcome:
+        hello = Hello(
+            protocol_version=PROTOCOL_VERSION,
+            client_id=client_id,
+            capabilities=list(capabilities),
+        )
+        try:
+            writer.write(encode_message(hello))
+            await writer.drain()
+            line = await lines.read_line()
+        except OSError as exc:
+            raise ConnectionClosed(f"the daemon dropped the connection: {exc}") from None
+        if line is None or line is LINE_TOO_LONG:
+            raise ConnectionClosed("the daemon closed the connection during the handshake")
+        try:
+            message = server_message_adapter.validate_python(decode_line(line))
+        except (FrameError, ValidationError):
+            raise ConnectionClosed("the daemon answered the handshake with garbage") from None
+        if isinstance(message, ErrorMessage):
+            if message.code == E_VERSION_MISMATCH:
+                raise ProtocolMismatch(message.code, message.message)
+            if message.code == E_PERMISSION_DENIED:
+                raise PermissionDenied(message.message)
+            raise ApiError(message.code, message.message)
+        if not isinstance(message, Welcome):
+            raise ConnectionClosed(f"expected welcome, got {message.type}")
+        if message.protocol_version != PROTOCOL_VERSION:
+            msg = version_mismatch_message(PROTOCOL_VERSION, message.protocol_version)
+            raise ProtocolMismatch(E_VERSION_MISMATCH, msg)
+        return message
+
+    async def __aenter__(self) -> ControlClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._reader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader_task
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+        self._fail_pending("the client was closed")
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(self.welcome.capabilities)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._reader_task.done()
+
+    # ---------------------------------------------------------------------------- requests
+
+    def new_command_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    async def call(
+        self, command_type: str, /, *, command_id: str | None = None, **fields: Any
+    ) -> Any:
+        """Build the command ``command_type`` from ``fields`` and run it (see ``request``)."""
+        body = {"type": command_type, "command_id": command_id or self.new_command_id(), **fields}
+        try:
+            command: Command = command_adapter.validate_python(body)
+        except ValidationError as exc:
+            raise ApiCommandError(E_INVALID_COMMAND, str(exc)) from None
+        return await self.request(command)
+
+    async def request(self, command: Command, *, timeout: float | None = None) -> Any:
+        """Send ``command``, wait for its response; the result, or ``ApiCommandError``."""
+        if self.closed:
+            raise ConnectionClosed(self._closed_reason())
+        try:
+            line = encode_message(command)
+        except FrameError as exc:
+            raise ApiCommandError(E_LINE_TOO_LONG, exc.message) from None
+        future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        # Mark a failure as seen even if the caller timed out and nobody awaits the future.
+        future.add_done_callback(_consume_exception)
+        # A repeat of an id still in flight shares the first request's future.
+        future = self._pending.setdefault(command.command_id, future)
+        try:
+            async with self._send_lock:
+                self._writer.write(line)
+                await self._writer.drain()
+        except OSError as exc:
+            self._pending.pop(command.command_id, None)
+            raise ConnectionClosed(f"lost the daemon connection: {exc}") from None
+        try:
+            async with asyncio.timeout(timeout):
+                response = await asyncio.shield(future)
+        finally:
+            if future.done():
+                self._pending.pop(command.command_id, None)
+        if response.error is not None:
+            raise ApiCommandError(response.error.code, response.error.message)
+        return response.result
+
+    # ---------------------------------------------------------------------------- events
+
+    async def events(self) -> AsyncIterator[Event | Resync]:
+        """Events and resyncs in arrival order, until the connection ends."""
+        while True:
+            while not self._events:
+                if self.closed:
+                    return
+                self._events_ready.clear()
+                await self._events_ready.wait()
+            yield self._events.popleft()
+
+    def _queue_event(self, message: Event | Resync) -> None:
+        if len(self._events) >= CLIENT_EVENT_QUEUE_MAX:
+            # The consumer stopped draining: drop the queued events and say so per session.
+            kept: deque[Event | Resync] = deque()
+            sessions: dict[str, None] = {}
+            for item in self._events:
+                if isinstance(item, Event):
+                    sessions[item.session] = None
+                else:
+                    kept.append(item)
+            sessions[message.session] = None
+            marked = {item.session for item in kept}
+            kept.extend(Resync(session=s) for s in sessions if s not in marked)
+            self._events = kept
+        else:
+            self._events.append(message)
+        self._events_ready.set()
+
+    # ---------------------------------------------------------------------------- reading
+
+    async def _read_loop(self) -> None:
+        try:
+            while (line := await self._lines.read_line()) is not None:
+                if line is LINE_TOO_LONG:
+                    log.warning("daemon sent a line over the cap; dropped")
+                    continue
+                try:
+                    message = server_message_adapter.validate_python(decode_line(line))
+                except (FrameError, ValidationError) as exc:
+                    log.warning("daemon sent an unreadable line: %s", exc)
+                    continue
+                if isinstance(message, Response):
+                    future = self._pending.get(message.command_id)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+                elif isinstance(message, Event | Resync):
+                    self._queue_event(message)
+                elif isinstance(message, ErrorMessage):
+                    self.last_error = message
+                    log.warning("daemon error %s: %s", message.code, message.message)
+        except OSError as exc:
+            log.debug("control connection lost: %s", exc)
+        finally:
+            self._fail_pending(self._closed_reason())
+            self._events_ready.set()
+
+    def _closed_reason(self) -> str:
+        if self.last_error is not None:
+            error = self.last_error
+            return f"the daemon closed the connection ({error.code}: {error.message})"
+        return "the daemon closed the connection"
+
+    def _fail_pending(self, reason: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionClosed(reason))
+        self._pending.clear()
+
+
+def _consume_exception(future: asyncio.Future[Response]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def request_sync(
+    command_type: str,
+    /,
+    *,
+    socket_path: Path | str | None = None,
+    timeout: float = CONNECT_TIMEOUT_S,
+    **fields: Any,
+) -> Any:
+    """One command from synchronous code (the CLI): connect, run, close."""
+
+    async def once() -> Any:
+        async with await ControlClient.connect(socket_path, timeout=timeout) as client:
+            return await client.call(command_type, **fields)
+
+    return asyncio.run(once())

@@ -1,0 +1,73 @@
+"""The control API's exceptions, all ``orchestrator.errors.ApiError`` (code + message).
+
+Those a person can act on (no daemon, a daemon of another version, another daemon already on the
+socket) are also ``UserError``: the CLI prints them as one line.
+"""
+
+from __future__ import annotations
+
+from orchestrator.errors import ApiError, UserError
+
+__all__ = [
+    "ApiCommandError",
+    "ConnectionClosed",
+    "DaemonAlreadyRunning",
+    "DaemonNotRunning",
+    "PermissionDenied",
+    "ProtocolMismatch",
+    "SocketPathError",
+]
+
+# Codes for failures that never travel on the wire (the connection is gone or never existed).
+CODE_CONNECTION_CLOSED = "connection_closed"
+CODE_NOT_RUNNING = "not_running"
+CODE_ALREADY_RUNNING = "already_running"
+CODE_BAD_SOCKET_PATH = "bad_socket_path"
+CODE_PERMISSION_DENIED = "permission_denied"  # same string as protocol.E_PERMISSION_DENIED
+
+
+class ApiCommandError(ApiError):
+    """A command failed with a wire error code.
+
+    Handlers raise it to answer ``{ok: false, error: {code, message}}``; the client raises it
+    when such an answer arrives.
+    """
+
+
+class ConnectionClosed(ApiError):
+    """The connection ended before the answer arrived (daemon exit, refusal, backpressure)."""
+
+    def __init__(self, message: str = "the daemon closed the connection"):
+        super().__init__(CODE_CONNECTION_CLOSED, message)
+
+
+class ProtocolMismatch(UserError, ApiError):
+    """Client and daemon speak different protocol versions."""
+
+
+class DaemonNotRunning(UserError, ApiError):
+    """Nothing listens on the socket."""
+
+    def __init__(self, message: str):
+        super().__init__(CODE_NOT_RUNNING, message)
+
+
+class DaemonAlreadyRunning(UserError, ApiError):
+    """Another live daemon answers on the socket this server was asked to bind."""
+
+    def __init__(self, message: str):
+        super().__init__(CODE_ALREADY_RUNNING, message)
+
+
+class SocketPathError(UserError, ApiError):
+    """The socket path is unusable: too long, not a socket, or in a directory we do not own."""
+
+    def __init__(self, message: str):
+        super().__init__(CODE_BAD_SOCKET_PATH, message)
+
+
+class PermissionDenied(UserError, ApiError):
+    """The socket or the daemon refused this user."""
+
+    def __init__(self, message: str):
+        super().__init__(CODE_PERMISSION_DENIED, message)

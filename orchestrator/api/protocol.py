@@ -1,0 +1,354 @@
+"""The control protocol's messages: pydantic v2 models, one discriminated union per direction.
+
+Everything here is data; the socket server (``server.py``) and client (``client.py``) move these
+models as JSON lines (``framing.py``). docs/protocol.md is the page a client author reads; its
+"Protocol version:" line is pinned to ``PROTOCOL_VERSION`` by a test.
+
+Change policy: a new optional field or a new command behind a capability is compatible; removing
+or renaming anything, or changing a meaning, bumps ``PROTOCOL_VERSION``. Commands forbid unknown
+fields (a newer client talking to an older daemon gets ``invalid_command`` instead of having an
+option silently ignored); server messages ignore unknown fields so an older client keeps working
+against a daemon that adds to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+
+__all__ = [
+    "CAP_EVENTS",
+    "CAP_IDEMPOTENCY",
+    "CAP_RESYNC",
+    "CLIENT_CAPABILITIES",
+    "COMMAND_TYPES",
+    "ERROR_CODES",
+    "E_BUSY",
+    "E_CONFLICT",
+    "E_HANDSHAKE_REQUIRED",
+    "E_HANDSHAKE_TIMEOUT",
+    "E_INTERNAL",
+    "E_INVALID_ARGUMENT",
+    "E_INVALID_COMMAND",
+    "E_LINE_TOO_LONG",
+    "E_NOT_FOUND",
+    "E_PARSE_ERROR",
+    "E_PERMISSION_DENIED",
+    "E_RESULT_TOO_LARGE",
+    "E_SHUTTING_DOWN",
+    "E_UNKNOWN_COMMAND",
+    "E_VERSION_MISMATCH",
+    "MAX_CAPABILITIES",
+    "MAX_ID_CHARS",
+    "MUTATING_COMMAND_TYPES",
+    "PROTOCOL_VERSION",
+    "SERVER_CAPABILITIES",
+    "Abort",
+    "Attach",
+    "ClientMessage",
+    "Command",
+    "CreateSession",
+    "Detach",
+    "ErrorInfo",
+    "ErrorMessage",
+    "Event",
+    "GetSession",
+    "GetUsage",
+    "Hello",
+    "ListSessions",
+    "Ping",
+    "Prompt",
+    "Response",
+    "Resync",
+    "SendMessage",
+    "ServerMessage",
+    "Shutdown",
+    "Welcome",
+    "client_message_adapter",
+    "command_adapter",
+    "command_fingerprint",
+    "server_message_adapter",
+]
+
+# Bump on any incompatible wire change; docs/protocol.md quotes it and a test checks that it does.
+PROTOCOL_VERSION = 1
+
+# Identifiers (client ids, command ids, session references, capability names) are short tokens.
+MAX_ID_CHARS = 128
+# A hello listing more capabilities than this is a broken or hostile client.
+MAX_CAPABILITIES = 64
+
+# Capabilities. A feature used only when both sides list it; the intersection is stored per client.
+CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
+CAP_RESYNC = "resync"  # the client understands `resync` after it fell behind
+CAP_IDEMPOTENCY = "idempotency"  # repeated mutating commands return the stored response
+SERVER_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
+CLIENT_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
+
+# Error codes: the `code` of `response.error` and of connection-level `error` messages.
+E_PARSE_ERROR = "parse_error"  # the line is not UTF-8 JSON holding an object
+E_LINE_TOO_LONG = "line_too_long"  # the line passed MAX_LINE_BYTES; the rest of it was discarded
+E_HANDSHAKE_REQUIRED = "handshake_required"  # the first message was not `hello`
+E_HANDSHAKE_TIMEOUT = "handshake_timeout"  # no `hello` within the handshake timeout
+E_VERSION_MISMATCH = "version_mismatch"  # the client speaks another protocol version
+E_UNKNOWN_COMMAND = "unknown_command"  # `type` names no command this daemon knows
+E_INVALID_COMMAND = "invalid_command"  # a known command with missing, extra or mistyped fields
+E_INVALID_ARGUMENT = "invalid_argument"  # well-formed, but the handler rejects a value
+E_NOT_FOUND = "not_found"  # the session (or other object) does not exist
+E_CONFLICT = "conflict"  # a command id reused for a different command
+E_BUSY = "busy"  # the target cannot take this now (try again or use follow_up)
+E_PERMISSION_DENIED = "permission_denied"  # the peer's uid is not the daemon's
+E_RESULT_TOO_LARGE = "result_too_large"  # the reply would pass MAX_LINE_BYTES
+E_SHUTTING_DOWN = "shutting_down"  # the daemon is stopping
+E_INTERNAL = "internal"  # a bug in the daemon; details are in its log, never on the wire
+ERROR_CODES: frozenset[str] = frozenset(
+    {
+        E_PARSE_ERROR,
+        E_LINE_TOO_LONG,
+        E_HANDSHAKE_REQUIRED,
+        E_HANDSHAKE_TIMEOUT,
+        E_VERSION_MISMATCH,
+        E_UNKNOWN_COMMAND,
+        E_INVALID_COMMAND,
+        E_INVALID_ARGUMENT,
+        E_NOT_FOUND,
+        E_CONFLICT,
+        E_BUSY,
+        E_PERMISSION_DENIED,
+        E_RESULT_TOO_LARGE,
+        E_SHUTTING_DOWN,
+        E_INTERNAL,
+    }
+)
+
+Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
+JsonObject = dict[str, Any]
+
+
+class _ClientModel(BaseModel):
+    # Strict about what a client sends: unknown fields are an error, not silently dropped.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _ServerModel(BaseModel):
+    # Lenient about what a server sends, so additions do not break older clients.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# ---------------------------------------------------------------------------------- client → server
+
+
+class Hello(_ClientModel):
+    """The first line of every connection."""
+
+    type: Literal["hello"] = "hello"
+    protocol_version: int
+    client_id: Token
+    capabilities: list[Token] = Field(default_factory=list, max_length=MAX_CAPABILITIES)
+
+
+class _Command(_ClientModel):
+    # MUTATING commands go through the idempotency journal keyed by (client_id, command_id).
+    MUTATING: ClassVar[bool] = False
+    command_id: Token
+
+
+class Ping(_Command):
+    type: Literal["ping"] = "ping"
+
+
+class ListSessions(_Command):
+    type: Literal["list_sessions"] = "list_sessions"
+
+
+class GetSession(_Command):
+    type: Literal["get_session"] = "get_session"
+    session: Token
+
+
+class CreateSession(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["create_session"] = "create_session"
+    cwd: str = Field(min_length=1)
+    task: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+
+
+class Prompt(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["prompt"] = "prompt"
+    session: Token
+    text: str
+    # steer: delivered into the running turn; follow_up: queued for after it.
+    mode: Literal["steer", "follow_up"] = "follow_up"
+
+
+class Abort(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["abort"] = "abort"
+    session: Token
+
+
+class Attach(_Command):
+    type: Literal["attach"] = "attach"
+    session: Token
+    # The last cursor the client applied; the daemon replays what follows or sends a snapshot.
+    cursor: int | None = Field(default=None, ge=0)
+
+
+class Detach(_Command):
+    type: Literal["detach"] = "detach"
+    session: Token
+
+
+class SendMessage(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["send_message"] = "send_message"
+    session: Token
+    text: str
+
+
+class GetUsage(_Command):
+    type: Literal["get_usage"] = "get_usage"
+    session: Token | None = None
+    tree: bool = False
+
+
+class Shutdown(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["shutdown"] = "shutdown"
+    force: bool = False
+
+
+Command = Annotated[
+    Ping
+    | ListSessions
+    | GetSession
+    | CreateSession
+    | Prompt
+    | Abort
+    | Attach
+    | Detach
+    | SendMessage
+    | GetUsage
+    | Shutdown,
+    Field(discriminator="type"),
+]
+ClientMessage = Annotated[
+    Hello
+    | Ping
+    | ListSessions
+    | GetSession
+    | CreateSession
+    | Prompt
+    | Abort
+    | Attach
+    | Detach
+    | SendMessage
+    | GetUsage
+    | Shutdown,
+    Field(discriminator="type"),
+]
+
+_COMMAND_CLASSES: tuple[type[_Command], ...] = (
+    Ping,
+    ListSessions,
+    GetSession,
+    CreateSession,
+    Prompt,
+    Abort,
+    Attach,
+    Detach,
+    SendMessage,
+    GetUsage,
+    Shutdown,
+)
+COMMAND_TYPES: frozenset[str] = frozenset(
+    str(cls.model_fields["type"].default) for cls in _COMMAND_CLASSES
+)
+MUTATING_COMMAND_TYPES: frozenset[str] = frozenset(
+    str(cls.model_fields["type"].default) for cls in _COMMAND_CLASSES if cls.MUTATING
+)
+
+# ---------------------------------------------------------------------------------- server → client
+
+
+class Welcome(_ServerModel):
+    """The server's answer to a compatible `hello`; `capabilities` is the negotiated set."""
+
+    type: Literal["welcome"] = "welcome"
+    protocol_version: int
+    server_version: str
+    capabilities: list[str] = Field(default_factory=list)
+
+
+class ErrorInfo(_ServerModel):
+    code: str
+    message: str
+
+
+class Response(_ServerModel):
+    """The answer to one command, matched by `command_id`; `ok` ⇔ no `error`."""
+
+    type: Literal["response"] = "response"
+    command_id: str
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    @model_validator(mode="after")
+    def _ok_xor_error(self) -> Response:
+        if self.ok == (self.error is not None):
+            raise ValueError("a response has an error exactly when ok is false")
+        return self
+
+
+class Event(_ServerModel):
+    """A session event pushed to attached clients; `cursor` increases per session."""
+
+    type: Literal["event"] = "event"
+    session: str
+    cursor: int
+    event: JsonObject
+
+
+class Resync(_ServerModel):
+    """Events for `session` were dropped because the client fell behind.
+
+    With a `snapshot`, it is the session's state up to `cursor`: replace local state with it and
+    drop later events whose cursor is not above `cursor`. Without one, re-`attach` with the last
+    cursor applied to get a replay.
+    """
+
+    type: Literal["resync"] = "resync"
+    session: str
+    cursor: int | None = None
+    snapshot: JsonObject | None = None
+
+
+class ErrorMessage(_ServerModel):
+    """A connection-level error, not tied to a command (bad line, refused handshake)."""
+
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+ServerMessage = Annotated[
+    Welcome | Response | Event | Resync | ErrorMessage, Field(discriminator="type")
+]
+
+# Built once: a TypeAdapter compiles its validator, which is the expensive part.
+command_adapter: TypeAdapter[Command] = TypeAdapter(Command)
+client_message_adapter: TypeAdapter[ClientMessage] = TypeAdapter(ClientMessage)
+server_message_adapter: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
+
+
+def command_fingerprint(command: BaseModel) -> str:
+    """A digest of a command without its id: a repeated id must carry the same command."""
+    body = command.model_dump_json(exclude={"command_id"})
+    return hashlib.sha256(body.encode()).hexdigest()

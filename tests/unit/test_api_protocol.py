@@ -1,0 +1,278 @@
+"""Control protocol models, framing, the outbox and the journal, without a socket."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from orchestrator.api import framing, protocol
+from orchestrator.api.framing import LINE_TOO_LONG, FrameError, LineReader, decode_line
+from orchestrator.api.journal import CommandJournal
+from orchestrator.api.outbox import Item, ItemKind, Outbox
+from orchestrator.api.protocol import (
+    COMMAND_TYPES,
+    MUTATING_COMMAND_TYPES,
+    PROTOCOL_VERSION,
+    CreateSession,
+    ErrorInfo,
+    Event,
+    Hello,
+    Ping,
+    Prompt,
+    Response,
+    Resync,
+    Welcome,
+    client_message_adapter,
+    command_adapter,
+    command_fingerprint,
+    server_message_adapter,
+)
+
+DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
+VERSION_LINE = re.compile(r"^Protocol version: (\d+)$", re.MULTILINE)
+SMALL_CAP = 64
+
+EXAMPLE_COMMANDS: list[dict[str, Any]] = [
+    {"type": "ping", "command_id": "1"},
+    {"type": "list_sessions", "command_id": "2"},
+    {"type": "get_session", "command_id": "3", "session": "s-x"},
+    {"type": "create_session", "command_id": "4", "cwd": "/w", "task": "t", "model": "m"},
+    {"type": "prompt", "command_id": "5", "session": "s-x", "text": "hi", "mode": "steer"},
+    {"type": "abort", "command_id": "6", "session": "s-x"},
+    {"type": "attach", "command_id": "7", "session": "s-x", "cursor": 12},
+    {"type": "detach", "command_id": "8", "session": "s-x"},
+    {"type": "send_message", "command_id": "9", "session": "s-x", "text": "yo"},
+    {"type": "get_usage", "command_id": "10", "tree": True},
+    {"type": "shutdown", "command_id": "11", "force": True},
+]
+
+
+def test_docs_page_states_the_protocol_version() -> None:
+    found = VERSION_LINE.findall(DOCS_PAGE.read_text())
+    assert found == [str(PROTOCOL_VERSION)], "docs/protocol.md must say 'Protocol version: N' once"
+
+
+def test_docs_page_lists_every_command_and_error_code() -> None:
+    text = DOCS_PAGE.read_text()
+    for name in sorted(COMMAND_TYPES | protocol.ERROR_CODES):
+        assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("body", EXAMPLE_COMMANDS, ids=lambda b: str(b["type"]))
+def test_every_command_round_trips(body: dict[str, Any]) -> None:
+    command = client_message_adapter.validate_python(body)
+    again = command_adapter.validate_json(command.model_dump_json())
+    assert again == command
+    assert command.type in COMMAND_TYPES
+
+
+def test_example_commands_cover_the_command_set() -> None:
+    assert {b["type"] for b in EXAMPLE_COMMANDS} == COMMAND_TYPES
+
+
+def test_mutating_set() -> None:
+    expected = {"create_session", "prompt", "abort", "send_message", "shutdown"}
+    assert expected == MUTATING_COMMAND_TYPES
+
+
+def test_unknown_type_and_extra_fields_are_rejected() -> None:
+    with pytest.raises(ValidationError) as info:
+        command_adapter.validate_python({"type": "frobnicate", "command_id": "1"})
+    assert info.value.errors()[0]["type"] == "union_tag_invalid"
+    with pytest.raises(ValidationError):
+        command_adapter.validate_python({"type": "ping", "command_id": "1", "x": 1})
+    with pytest.raises(ValidationError):
+        command_adapter.validate_python({"type": "ping"})  # no command id
+    with pytest.raises(ValidationError):
+        bad_mode = {"type": "prompt", "command_id": "1", "session": "s", "text": "t", "mode": "x"}
+        command_adapter.validate_python(bad_mode)
+
+
+def test_hello_limits() -> None:
+    Hello(protocol_version=1, client_id="c", capabilities=["events"])
+    with pytest.raises(ValidationError):
+        Hello(protocol_version=1, client_id="")
+    with pytest.raises(ValidationError):
+        Hello(protocol_version=1, client_id="c" * (protocol.MAX_ID_CHARS + 1))
+    with pytest.raises(ValidationError):
+        Hello(protocol_version=1, client_id="c", capabilities=["x"] * 65)
+
+
+def test_server_messages_round_trip_and_ignore_additions() -> None:
+    messages = [
+        Welcome(protocol_version=1, server_version="0.1", capabilities=["events"]),
+        Response(command_id="1", ok=True, result={"a": [1, 2]}),
+        Response(command_id="2", ok=False, error=ErrorInfo(code="not_found", message="no")),
+        Event(session="s", cursor=3, event={"kind": "x"}),
+        Resync(session="s", cursor=3, snapshot={"k": 1}),
+        protocol.ErrorMessage(code="parse_error", message="bad"),
+    ]
+    for message in messages:
+        data = json.loads(message.model_dump_json())
+        assert server_message_adapter.validate_python(data) == message
+        # A newer daemon's extra field does not break this client.
+        assert server_message_adapter.validate_python({**data, "future": 1}) == message
+
+
+def test_response_ok_exactly_when_no_error() -> None:
+    with pytest.raises(ValidationError):
+        Response(command_id="1", ok=True, error=ErrorInfo(code="internal", message="x"))
+    with pytest.raises(ValidationError):
+        Response(command_id="1", ok=False)
+
+
+def test_fingerprint_ignores_only_the_id() -> None:
+    a = CreateSession(command_id="1", cwd="/a")
+    assert command_fingerprint(a) == command_fingerprint(CreateSession(command_id="2", cwd="/a"))
+    assert command_fingerprint(a) != command_fingerprint(CreateSession(command_id="1", cwd="/b"))
+    assert command_fingerprint(Prompt(command_id="1", session="s", text="t")) != (
+        command_fingerprint(Ping(command_id="1"))
+    )
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["protocol", "framing", "server", "client", "errors", "outbox", "journal", "__init__"],
+)
+def test_public_surface(module: str) -> None:
+    name = "orchestrator.api" if module == "__init__" else f"orchestrator.api.{module}"
+    mod = importlib.import_module(name)
+    assert mod.__all__ and all(hasattr(mod, n) for n in mod.__all__)
+
+
+# ------------------------------------------------------------------------------ framing
+
+
+def _read_all(data: bytes, chunks: list[int], cap: int) -> list[bytes | framing.Overlong]:
+    async def run() -> list[bytes | framing.Overlong]:
+        reader = asyncio.StreamReader()
+        pos = 0
+        for size in chunks:
+            reader.feed_data(data[pos : pos + size])
+            pos += size
+        reader.feed_data(data[pos:])
+        reader.feed_eof()
+        lines = LineReader(reader, max_line_bytes=cap)
+        out: list[bytes | framing.Overlong] = []
+        while (line := await lines.read_line()) is not None:
+            out.append(line)
+            assert lines.statistics()["buffered_bytes"] <= cap + framing.READ_CHUNK_BYTES
+        return out
+
+    return asyncio.run(run())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(
+        st.binary(max_size=3 * SMALL_CAP).map(lambda b: b.replace(b"\n", b"")), max_size=8
+    ),
+    tail=st.binary(max_size=SMALL_CAP).map(lambda b: b.replace(b"\n", b"")),
+    chunks=st.lists(st.integers(min_value=0, max_value=2 * SMALL_CAP), max_size=10),
+)
+def test_line_reader_matches_a_model(lines: list[bytes], tail: bytes, chunks: list[int]) -> None:
+    data = b"".join(line + b"\n" for line in lines) + tail
+    expected: list[bytes | framing.Overlong] = []
+    for line in lines:
+        if len(line) > SMALL_CAP:
+            expected.append(LINE_TOO_LONG)
+        else:
+            expected.append(line[:-1] if line.endswith(b"\r") else line)
+    # An unterminated tail (a peer that died mid-line) is never delivered.
+    assert _read_all(data, chunks, SMALL_CAP) == expected
+
+
+def test_line_reader_discards_a_long_line_in_pieces() -> None:
+    data = b"a" * 10_000 + b"\nok\r\n"
+    assert _read_all(data, [7] * 2000, SMALL_CAP) == [LINE_TOO_LONG, b"ok"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | st.text(max_size=100).map(str.encode))
+def test_decode_line_never_raises_anything_else(data: bytes) -> None:
+    try:
+        value = decode_line(data)
+    except FrameError as exc:
+        assert exc.code == protocol.E_PARSE_ERROR
+    else:
+        assert isinstance(value, dict)
+
+
+def test_decode_line_rejects_non_json_constants_and_deep_nesting() -> None:
+    for bad in (b'{"a": NaN}', b'{"a": Infinity}', b"[" * 100_000, b"\xff", b"1"):
+        with pytest.raises(FrameError):
+            decode_line(bad)
+
+
+def test_encode_refuses_oversize() -> None:
+    with pytest.raises(FrameError) as info:
+        framing.encode_message(
+            Response(command_id="1", ok=True, result="x" * 100), max_line_bytes=50
+        )
+    assert info.value.code == protocol.E_RESULT_TOO_LARGE
+
+
+# ------------------------------------------------------------------------------ outbox
+
+
+def test_outbox_overflow_becomes_resync_then_disconnect() -> None:
+    async def run() -> None:
+        box = Outbox(max_messages=4, max_bytes=1_000, overflow_limit=2)
+        box.put_reply(b"r1")
+        for i in range(3):
+            assert box.put_event("a", b"e%d" % i)
+        assert box.put_event("b", b"x")  # 5th item: overflow 1 → events replaced by markers
+        kinds = [(i.kind, i.session) for i in box._items]
+        assert kinds == [(ItemKind.REPLY, ""), (ItemKind.RESYNC, "b"), (ItemKind.RESYNC, "a")]
+        assert box.dropped_events == 3 and box.resyncs == 2
+        assert box.put_event("a", b"y")
+        assert not box.put_event("a", b"z")  # overflow 2 before draining: disconnect
+        # Draining empty forgives earlier overflows.
+        box2 = Outbox(max_messages=2, max_bytes=1_000, overflow_limit=2)
+        for _ in range(3):
+            for j in range(3):
+                assert box2.put_event("s", b"%d" % j)
+            while len(box2):
+                assert isinstance(await box2.get(), Item)
+        box2.close()
+        assert await box2.get() is None
+
+    asyncio.run(run())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 300)), max_size=200))
+def test_outbox_events_stay_bounded(ops: list[tuple[str, int]]) -> None:
+    box = Outbox(max_messages=8, max_bytes=1_000, overflow_limit=1_000)
+    for session, size in ops:
+        box.put_event(session, b"x" * size)
+        events = [i for i in box._items if i.kind is ItemKind.EVENT]
+        assert len(events) <= 8 and sum(len(i.data) for i in events) <= 1_000
+        assert len(box) <= 8 + 3  # plus at most one marker per session
+
+
+# ------------------------------------------------------------------------------ journal
+
+
+def test_journal_ttl_and_size() -> None:
+    now = [0.0]
+
+    async def run() -> None:
+        journal = CommandJournal(max_entries=3, ttl_s=10.0, clock=lambda: now[0])
+        for i in range(5):
+            journal.reserve(("c", str(i)), "fp")
+        assert len(journal) == 3 and journal.get(("c", "0")) is None
+        assert journal.get(("c", "4")) is not None
+        now[0] = 11.0
+        assert journal.get(("c", "4")) is None and len(journal) == 0
+
+    asyncio.run(run())
