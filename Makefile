@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_TASK ?= Compute the sum of the squares of the integers from 1 to 100 with Python, then answer with the number.
 
-.PHONY: install demo test test-all test-stress check lint typecheck bench clean
+.PHONY: install demo test test-all test-stress check lint typecheck bench clean base-offline images images-rust images-cuda
 
 install: $(STAMP)
 
@@ -21,8 +21,24 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/prime-agent -p "$(DEMO_TASK)"
 
+# The session image is built (offline, cached under images/.build) before the tests, when Docker
+# answers; without Docker the docker tests skip themselves.
 test: install
+	$(BIN)/python -m orchestrator.sandbox.images
 	$(BIN)/python -m pytest -q tests/unit tests/integration tests/e2e
+
+# Session images without a registry (docs/images.md): debootstrap base, wheels from the host.
+base-offline:
+	bash images/base-offline.sh
+
+images: install
+	$(BIN)/prime-agent images build session
+
+images-rust: install
+	$(BIN)/prime-agent images build rust
+
+images-cuda: install
+	$(BIN)/prime-agent images build cuda
 
 test-stress: install
 	$(BIN)/python -m pytest -q -m stress tests/stress

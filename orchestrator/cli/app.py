@@ -17,7 +17,9 @@ except ImportError:  # pragma: no cover - older typer on plain click
     from click.exceptions import UsageError  # type: ignore[assignment]
 
 from orchestrator.cli import agents as agents_cmd
+from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import export as export_cmd
+from orchestrator.cli import images as images_cmd
 from orchestrator.cli import run as run_cmd
 from orchestrator.cli import usage as usage_cmd
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
@@ -36,6 +38,8 @@ app.command("agents", help="Session trees: status, depth, backend, usage.")(agen
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
 )
+app.add_typer(images_cmd.images_app, name="images")
+app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
 
 run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 run_app.command(
@@ -43,7 +47,7 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset({"usage", "export", "agents"})
+SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor"})
 
 
 def _invoke(group: typer.Typer, args: list[str]) -> None:

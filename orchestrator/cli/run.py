@@ -29,6 +29,8 @@ class Mode(StrEnum):
 
 
 class Backend(StrEnum):
+    auto = "auto"  # docker when usable, else local (with a warning)
+    docker = "docker"
     local = "local"
 
 
@@ -60,9 +62,9 @@ def run(
     cwd: Annotated[
         Path | None, typer.Option("--cwd", help="Working directory of the session.")
     ] = None,
-    backend: Annotated[Backend, typer.Option("--backend", help="Sandbox backend.")] = (
-        Backend.local
-    ),
+    backend: Annotated[
+        Backend, typer.Option("--backend", help="Sandbox backend: auto, docker or local.")
+    ] = Backend.local,  # auto once the e2e tests choose --backend local (docs/docker.md)
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()

@@ -169,8 +169,11 @@ class KernelGatewayClient:
     and environment there.
     """
 
-    def __init__(self, base_url: str, token: str):
+    def __init__(self, base_url: str, token: str, *, uds: str | None = None):
+        # ``uds``: reach the gateway through this Unix socket (docker backend: the container has
+        # no network); ``base_url`` then only names the Host header and paths.
         self.base_url = base_url.rstrip("/")
+        self.uds = uds
         self.kernel_id = ""
         self.session = uuid.uuid4().hex
         self.on_restart: Callable[[], Awaitable[None]] | None = None
@@ -182,6 +185,7 @@ class KernelGatewayClient:
             headers={"Authorization": f"token {token}"},
             timeout=HTTP_TIMEOUT_S,
             trust_env=False,  # loopback: never through a proxy from the environment
+            transport=httpx.AsyncHTTPTransport(uds=uds) if uds else None,
         )
         self._ws: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -245,21 +249,28 @@ class KernelGatewayClient:
 
     # --- WebSocket ------------------------------------------------------------------------
 
+    @property
+    def connected(self) -> bool:
+        """The channels socket is open (False once the gateway's end went away)."""
+        return self._ws is not None and not self._disconnected.is_set()
+
     async def connect(self) -> None:
         """Open the channels socket (again); output produced meanwhile is replayed by the
         gateway because we reuse our session id."""
         url = self.base_url.replace("http://", "ws://", 1)
         url = f"{url}/api/kernels/{self.kernel_id}/channels?session_id={self.session}"
+        options: dict[str, Any] = {
+            "additional_headers": {"Authorization": f"token {self._token}"},
+            "max_size": WS_MAX_MESSAGE_BYTES,
+            "compression": None,  # loopback: deflate would only cost CPU on big outputs
+            "open_timeout": WS_OPEN_TIMEOUT_S,
+            "close_timeout": WS_CLOSE_TIMEOUT_S,
+        }
         try:
-            ws = await websockets.connect(
-                url,
-                additional_headers={"Authorization": f"token {self._token}"},
-                max_size=WS_MAX_MESSAGE_BYTES,
-                compression=None,  # loopback: deflate would only cost CPU on big outputs
-                proxy=None,
-                open_timeout=WS_OPEN_TIMEOUT_S,
-                close_timeout=WS_CLOSE_TIMEOUT_S,
-            )
+            if self.uds:
+                ws = await websockets.unix_connect(self.uds, url, **options)
+            else:
+                ws = await websockets.connect(url, proxy=None, **options)
         except (OSError, InvalidHandshake, TimeoutError) as exc:
             if isinstance(exc, InvalidStatus):
                 detail = f"HTTP {exc.response.status_code}"

@@ -70,6 +70,8 @@ KERNEL_RESTARTER_POLL_S = 0.5
 KERNEL_SHUTDOWN_WAIT_S = 1.0
 SWEEP_ROUNDS = 5  # kill-all passes on exit (a forking process can add members mid-sweep)
 LOG_LEVEL = "WARN"
+DEFAULT_IP = "127.0.0.1"
+RELAY_LISTEN_HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -151,12 +153,20 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--die-with-parent", action="store_true")
     parser.add_argument("--env-allow", action="append", default=[], metavar="NAME")
     parser.add_argument("--python", default=sys.executable)
+    # Containers (docker backend, images/): listen on a fixed address, or on a Unix socket in a
+    # bind-mounted directory; the defaults are the local backend's (loopback, OS-picked port).
+    parser.add_argument("--ip", default=DEFAULT_IP)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--unix-socket", type=Path, default=None)
+    # PORT=SOCKET: relay 127.0.0.1:PORT to a Unix socket (NATS for a container without network).
+    parser.add_argument("--relay", action="append", default=[], metavar="PORT=SOCKET")
     return parser.parse_args(argv)
 
 
 def _prepare_environment(runtime_dir: Path, python: str) -> None:
     # Every Jupyter directory inside the sandbox's runtime dir: no user config is read, the
     # kernelspec is found, connection files stay private and go away with the dir.
+    runtime_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # a container's fresh /tmp
     for sub in ("config", "data", "runtime", "ipython"):
         (runtime_dir / sub).mkdir(mode=0o700, exist_ok=True)
     os.environ["JUPYTER_CONFIG_DIR"] = str(runtime_dir / "config")
@@ -183,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
     _prepare_environment(runtime_dir, args.python)
     _block_slow_optional_imports()
 
-    app = _make_app(token, env_allow=args.env_allow, runtime_dir=runtime_dir)
+    app = _make_app(
+        token,
+        env_allow=args.env_allow,
+        runtime_dir=runtime_dir,
+        ip=args.ip,
+        port=args.port,
+        unix_socket=args.unix_socket,
+    )
     io_loop = app.io_loop
+    for relay in args.relay:
+        io_loop.add_callback(_start_relay, relay)
 
     def announce() -> None:
         print(json.dumps({"port": app.port, "pid": os.getpid()}), flush=True)
@@ -210,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             # reading the log.
             shutil.rmtree(runtime_dir, ignore_errors=True)
     return 0
+
+
+async def _start_relay(spec: str) -> None:
+    from orchestrator.sandbox.relay import serve_tcp_to_unix
+
+    port, _, socket_path = spec.partition("=")
+    await serve_tcp_to_unix(RELAY_LISTEN_HOST, int(port), Path(socket_path))
 
 
 def _periodic(fn: Any, interval_s: float) -> Any:
@@ -251,7 +277,15 @@ def _sweep_descendants() -> None:
             break
 
 
-def _make_app(token: str, *, env_allow: list[str], runtime_dir: Path) -> Any:
+def _make_app(
+    token: str,
+    *,
+    env_allow: list[str],
+    runtime_dir: Path,
+    ip: str = DEFAULT_IP,
+    port: int = 0,
+    unix_socket: Path | None = None,
+) -> Any:
     from jupyter_server.services.kernels.connection.channels import (
         ZMQChannelsWebsocketConnection,
     )
@@ -271,7 +305,14 @@ def _make_app(token: str, *, env_allow: list[str], runtime_dir: Path) -> Any:
             from tornado import httpserver
 
             self.http_server = httpserver.HTTPServer(self.web_app)
-            sockets = netutil.bind_sockets(0, "127.0.0.1")
+            if unix_socket is not None:
+                # Any uid may connect: the socket's (bind-mounted) directory guards access,
+                # and the token still authenticates every request.
+                sock = netutil.bind_unix_socket(str(unix_socket), mode=0o666)
+                self.http_server.add_sockets([sock])
+                self.port = 0
+                return
+            sockets = netutil.bind_sockets(port, ip)
             self.http_server.add_sockets(sockets)
             self.port = sockets[0].getsockname()[1]
 
@@ -282,7 +323,7 @@ def _make_app(token: str, *, env_allow: list[str], runtime_dir: Path) -> Any:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     cfg = Config()
-    cfg.KernelGatewayApp.ip = "127.0.0.1"
+    cfg.KernelGatewayApp.ip = ip
     cfg.KernelGatewayApp.auth_token = token
     cfg.KernelGatewayApp.kernel_websocket_connection_class = NoDelayWebsocketConnection
     cfg.KernelGatewayApp.default_kernel_name = KERNEL_NAME

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ SESSION_NAME_MAX = 64
 class RunOptions:
     task: str
     cwd: Path
-    backend: Literal["local"] = "local"
+    backend: Literal["auto", "docker", "local"] = "local"
     name: str | None = None
 
 
@@ -48,8 +49,28 @@ class RunResult:
 
 
 def make_backend(name: str, settings: Settings) -> SandboxBackend:
-    if name != "local":
-        raise UserError(f"backend {name!r} is not available yet; use --backend local")
+    """``docker`` or ``local``; ``auto``: docker when an engine answers and the session image
+    exists, else local with a one-line warning that the session is not isolated."""
+    if name not in ("auto", "docker", "local"):
+        raise UserError(f"unknown backend {name!r}; use docker or local")
+    if name in ("auto", "docker"):
+        from orchestrator.sandbox.docker import DockerBackend, docker_usable
+
+        usable, why = docker_usable()
+        if usable:
+            # Size 1 by default: the pool fills for the root's workspace after its own cold
+            # start, so subagents (same cwd) start warm.
+            return DockerBackend(
+                pool_size=settings.warm_pool_size,
+                interrupt_grace_s=settings.interrupt_grace_s,
+                output_cap_chars=settings.output_cap_chars,
+            )
+        if name == "docker":
+            raise UserError(f"the docker backend is not usable: {why}")
+        print(
+            f"prime-agent: warning: using the local backend, the session is NOT isolated ({why})",
+            file=sys.stderr,
+        )
     from orchestrator.sandbox.local import LocalBackend
 
     # The root's sandbox starts cold at once (overlapping the first model call); spares would

@@ -1,0 +1,143 @@
+"""The same basic checks against every sandbox backend (local, docker).
+
+The docker variant needs a Docker Engine and builds the session image once per test session
+when it is missing or stale (offline: debootstrap base + host wheels; docs/images.md). It is
+skipped when no engine answers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.sandbox.base import SandboxBackend, SandboxSpec
+
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="linux only"),
+    pytest.mark.timeout(600),  # a first docker run builds the image (~2-3 min)
+]
+
+CAP = 4096
+GRACE_S = 1.0
+SANDBOX_UID = 1000  # the image's user; a root-owned workspace is handed to it
+
+
+def docker_ready() -> str | None:
+    """None when the session image is usable (built here if needed), else why not."""
+    from orchestrator.errors import UserError
+    from orchestrator.sandbox.images import ensure_session_image
+
+    try:
+        ensure_session_image()
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def workspace(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    if os.getuid() == 0:  # the container's user must be able to write it
+        os.chown(path, SANDBOX_UID, SANDBOX_UID)
+    return path
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["local", "docker"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBackend]:
+    if request.param == "local":
+        from orchestrator.sandbox.local import LocalBackend
+
+        b: SandboxBackend = LocalBackend(
+            pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP
+        )
+    else:
+        why = docker_ready()
+        if why is not None:
+            pytest.skip(f"docker: {why}")
+        from orchestrator.sandbox.docker import DockerBackend
+
+        b = DockerBackend(pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
+    yield b
+    await b.close()
+
+
+def _spec(tmp: Path, name: str) -> SandboxSpec:
+    return SandboxSpec(
+        session_id=f"conf-{name}",
+        cwd=workspace(tmp / f"{name}-cwd"),
+        artifacts_dir=tmp / f"{name}-art",
+    )
+
+
+async def test_state_persists_and_cwd_is_the_workspace(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path, "state")
+    sb = await backend.create(spec)
+    try:
+        r1 = await sb.execute(
+            "x = 41\nopen('made.txt', 'w').write('hi')", timeout_s=30, cell_id="a"
+        )
+        assert r1.status == "ok", r1
+        r2 = await sb.execute("x + 1", timeout_s=30, cell_id="b")
+        assert r2.status == "ok" and r2.result == "42"
+        assert (spec.cwd / "made.txt").read_text() == "hi"
+        r3 = await sb.execute("1/0", timeout_s=30, cell_id="c")
+        assert r3.status == "error" and r3.error is not None
+        assert r3.error.ename == "ZeroDivisionError"
+    finally:
+        await sb.stop()
+
+
+async def test_output_is_bounded_with_an_artifact(backend: SandboxBackend, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "big")
+    sb = await backend.create(spec)
+    try:
+        r = await sb.execute("print('a' * 50_000)", timeout_s=30, cell_id="big")
+        assert r.status == "ok"
+        assert len(r.stdout) <= CAP and r.truncated_chars > 0
+        assert r.artifact_path is not None and r.artifact_path.stat().st_size > 50_000
+    finally:
+        await sb.stop()
+
+
+async def test_timeout_interrupts_and_keeps_the_namespace(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    sb = await backend.create(_spec(tmp_path, "timeout"))
+    try:
+        await sb.execute("kept = 7", timeout_s=30, cell_id="a")
+        r = await sb.execute("import time\ntime.sleep(60)", timeout_s=1.0, cell_id="b")
+        assert r.status == "timeout" and not r.kernel_restarted
+        after = await sb.execute("kept", timeout_s=30, cell_id="c")
+        assert after.result == "7"
+    finally:
+        await sb.stop()
+
+
+async def test_stop_leaves_nothing(backend: SandboxBackend, tmp_path: Path) -> None:
+    sb = await backend.create(_spec(tmp_path, "stop"))
+    await sb.execute(
+        "import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)",
+        timeout_s=30,
+        cell_id="a",
+    )
+    assert await sb.is_alive()
+    await sb.stop()
+    await sb.stop()  # idempotent
+    assert not await sb.is_alive()
+    if backend.name == "docker":
+        from orchestrator.sandbox.docker import DockerSandbox, list_owned
+
+        assert isinstance(sb, DockerSandbox)
+        assert all(c.session_id != "conf-stop" for c in list_owned())
+    else:
+        from orchestrator.sandbox.local import LocalSandbox
+
+        assert isinstance(sb, LocalSandbox)
+        assert sb.child.proc.returncode is not None
