@@ -41,6 +41,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     )
     for var in PROVIDER_KEY_VARS:
         monkeypatch.delenv(var, raising=False)
+    # Tests run on the local backend unless they ask for docker (its own tests do): the local
+    # process tree is what the signal tests inspect, and it starts in a second, not three.
+    monkeypatch.setenv("PRIME_AGENT_BACKEND", "local")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
     yield home

@@ -63,8 +63,14 @@ def run(
         Path | None, typer.Option("--cwd", help="Working directory of the session.")
     ] = None,
     backend: Annotated[
-        Backend, typer.Option("--backend", help="Sandbox backend: auto, docker or local.")
-    ] = Backend.local,  # auto once the e2e tests choose --backend local (docs/docker.md)
+        Backend,
+        typer.Option(
+            "--backend",
+            envvar="PRIME_AGENT_BACKEND",
+            help="Sandbox backend: auto (docker when an engine and the session image are "
+            "there, else local with a warning), docker or local.",
+        ),
+    ] = Backend.auto,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()

@@ -189,3 +189,17 @@ def test_no_provider_key_reaches_the_kernel(model: FakeModelServer) -> None:
     tool_msg = next(m for m in model.requests[1]["messages"] if m["role"] == "tool")
     assert env_key not in tool_msg["content"]
     assert "OPENAI_API_KEY" not in tool_msg["content"]
+
+
+def test_print_mode_on_the_docker_backend(model: FakeModelServer) -> None:
+    from orchestrator.sandbox.docker import docker_usable
+
+    usable, why = docker_usable()
+    if not usable:
+        pytest.skip(f"docker backend not usable here: {why}")
+    proc = cli(
+        ["-p", "6*7", "--backend", "docker", "--model", "openai/fake", "--api-base", model.url]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "The answer is 42.\n"
+    assert "NOT isolated" not in proc.stderr
