@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover - older typer on plain click
     from click.exceptions import UsageError  # type: ignore[assignment]
 
 from orchestrator.cli import agents as agents_cmd
+from orchestrator.cli import daemon as daemon_cmd
 from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import images as images_cmd
@@ -34,6 +35,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("usage", help="Tokens and cost per session.")(usage_cmd.usage)
+app.add_typer(daemon_cmd.daemon_app, name="daemon", help="Start, stop or check the daemon.")
 app.command("agents", help="Session trees: status, depth, backend, usage.")(agents_cmd.agents)
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
@@ -47,7 +49,7 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor"})
+SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor", "daemon"})
 
 
 def _invoke(group: typer.Typer, args: list[str]) -> None:

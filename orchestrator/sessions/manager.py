@@ -92,6 +92,7 @@ class Orchestrator:
         self.budgets = BudgetTree()
         self._changed = asyncio.Condition()
         self._closing = False
+        self._abort_lock = asyncio.Lock()
 
     # -- creating sessions ------------------------------------------------------------------
 
@@ -294,6 +295,29 @@ class Orchestrator:
                 f"gave up waiting {timeout_s:.0f} s for the session tree to go quiet "
                 f"(still busy: {', '.join(busy[:5])})"
             ) from None
+
+    async def abort_turn(self, live: LiveSession) -> bool:
+        """Stop the running turn; the session stays loaded, idle and ready for more input.
+
+        ``stop_session`` ends a session for good; a user's abort does not. The driver is
+        cancelled (the loop records ``aborted`` and interrupts a running cell, shielded) and a
+        fresh driver starts for the same session. Steer messages that never reached the model
+        move to the front of the follow-up queue, as between normal turns.
+        """
+        async with self._abort_lock:  # two aborts at once must not start two drivers
+            driver = live.driver
+            if live.state != "running" or driver is None or driver.done():
+                return False
+            driver.cancel()
+            # asyncio.wait, not `await driver`: the driver's CancelledError must not be
+            # mistaken for (or swallow) a cancellation of the caller itself.
+            await asyncio.wait({driver})
+            for leftover in reversed(live.steer):
+                live.follow.appendleft(leftover)
+            live.steer.clear()
+            await self._set_state(live, "completed" if live.record.parent_id else "idle")
+            live.driver = asyncio.create_task(self._drive(live), name=f"driver-{live.id}")
+            return True
 
     async def stop_session(self, live: LiveSession, *, state: str = "aborted") -> None:
         """Cancel a session and all its descendants; stop their sandboxes (cascade)."""

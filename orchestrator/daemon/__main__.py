@@ -1,0 +1,75 @@
+"""``python -m orchestrator.daemon``: run the daemon in the foreground until it is stopped.
+
+``prime-agent daemon start`` runs this detached (its own session, stdout and stderr appended to
+the log). Logs go to ``daemon_log_path()`` (``$XDG_RUNTIME_DIR/prime-agent/daemon.log``); a
+failure to start is also one line on stderr, and the exit status says which kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from typing import Final
+
+from orchestrator.errors import UserError
+from orchestrator.paths import Paths, ensure_private_dir
+
+__all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 1  # a bug or an unexpected failure; the traceback is in the log
+EXIT_USAGE: Final = 2  # the user can fix it: another daemon runs, bad config, locked database
+LOG_FILE_MODE: Final = 0o600  # the log names sessions and paths: owner-only
+NOISY_LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx")
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _setup_logging(paths: Paths, level: str) -> None:
+    from orchestrator.daemon.service import daemon_log_path
+
+    path = daemon_log_path(paths)
+    ensure_private_dir(path.parent)
+    # Create it 0600 before logging opens it: FileHandler would use the umask.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_FILE_MODE))
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    # litellm logs every call at INFO (and to stdout through its own handler): keep it quiet.
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator.daemon", description="Run the Prime Agent daemon."
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
+    args = parser.parse_args(argv)
+    paths = Paths.from_env()
+    _setup_logging(paths, args.log_level)
+    log = logging.getLogger("orchestrator.daemon")
+    log.info("daemon starting: pid %d", os.getpid())
+    from orchestrator.daemon.service import STARTUP_ERROR_PREFIX, Daemon
+
+    try:
+        asyncio.run(Daemon(paths=paths).run())
+    except UserError as exc:
+        log.error("daemon did not start: %s", exc)
+        print(f"{STARTUP_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    except Exception as exc:
+        log.exception("daemon failed")
+        print(f"prime-agent daemon: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

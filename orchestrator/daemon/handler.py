@@ -1,0 +1,395 @@
+"""The daemon's answers to control commands: a ``CommandHandler`` over the ``Orchestrator``.
+
+Reads (``list_sessions``, ``get_session``, ``get_usage``, ``attach`` replays) come from the
+store, so they show every session the database knows, live in this daemon or not. Writes
+(``create_session``, ``prompt``, ``abort``, ``send_message``) act on live sessions through the
+orchestrator. Every event a client sees was committed first (R1): ``attach`` replays rows from
+DuckDB, and live events are pushed by the orchestrator's sink only after ``Store.append`` returned.
+
+``attach`` answers with the events after the client's cursor, bounded by
+``ATTACH_REPLAY_MAX_EVENTS`` and ``ATTACH_REPLAY_MAX_BYTES`` (the whole answer must fit in one
+control line). When more were missed, the answer is a snapshot instead: the session row plus
+the newest events that fit, marked ``snapshot: true``; the client replaces its local state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.protocol import (
+    E_BUSY,
+    E_INVALID_ARGUMENT,
+    E_NOT_FOUND,
+    E_SHUTTING_DOWN,
+    Abort,
+    Attach,
+    Command,
+    CreateSession,
+    Detach,
+    GetSession,
+    GetUsage,
+    JsonObject,
+    ListSessions,
+    Ping,
+    Prompt,
+    SendMessage,
+    Shutdown,
+)
+from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
+from orchestrator.errors import UserError
+from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.sessions.accounting import UsageNode, build_usage_forest
+from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.settings import Settings
+from orchestrator.store.db import EventRecord, SessionRecord, Store
+from orchestrator.store.events import UserMessagePayload
+
+__all__ = [
+    "ATTACH_REPLAY_MAX_BYTES",
+    "ATTACH_REPLAY_MAX_EVENTS",
+    "SESSION_NAME_MAX_CHARS",
+    "DaemonControl",
+    "DaemonHandler",
+    "event_dict",
+]
+
+log = logging.getLogger(__name__)
+
+# An attach replays at most this many missed events; past it the client gets a snapshot.
+ATTACH_REPLAY_MAX_EVENTS: Final = 1000
+# ... and at most this many bytes of event JSON: half the 1 MiB line cap (MAX_LINE_BYTES),
+# leaving room for the session row and the envelope.
+ATTACH_REPLAY_MAX_BYTES: Final = 512 * 1024
+# A default session name is the task's first line, cut to this length (as print mode does).
+SESSION_NAME_MAX_CHARS: Final = 64
+# A rejected path is quoted back this far (it may be huge).
+MAX_SHOWN_PATH_CHARS: Final = 200
+# Backends the daemon runs today; "auto" means the daemon's own backend.
+DAEMON_BACKENDS: Final = frozenset({"auto", "local"})
+
+
+class DaemonControl(Protocol):
+    """What the handler needs from the daemon that owns it (``service.Daemon``)."""
+
+    settings: Settings
+    socket_path: Path
+    started_monotonic: float
+
+    @property
+    def orch(self) -> Orchestrator: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    async def wait_ready(self) -> None: ...
+
+    async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
+        """The model with a live endpoint (starts the embedded model once, lazily)."""
+        ...
+
+    async def abort_turn(self, live: LiveSession) -> bool:
+        """Stop the running turn of ``live``; the session stays idle and addressable."""
+        ...
+
+    def request_shutdown(self) -> None: ...
+
+
+def event_dict(rec: EventRecord) -> JsonObject:
+    """An event as clients see it: the same shape the orchestrator's sink pushes live."""
+    return {
+        "type": rec.type,
+        "session_id": rec.session_id,
+        "seq": rec.seq,
+        "id": rec.id,
+        "parent_id": rec.parent_event_id,
+        "ts": rec.ts.isoformat(),
+        "payload": rec.payload,
+    }
+
+
+def _session_dict(rec: SessionRecord, live: LiveSession | None) -> JsonObject:
+    return {
+        "id": rec.id,
+        "name": rec.name,
+        # A live session's state is the truth; the row can lag by one status write.
+        "status": live.state if live is not None else rec.status,
+        "live": live is not None,
+        "depth": rec.depth,
+        "backend": rec.backend,
+        "model": rec.model,
+        "parent_id": rec.parent_id,
+        "root_id": rec.root_id,
+        "rlm_child_id": rec.rlm_child_id,
+        "cwd": rec.cwd,
+        "created_at": rec.created_at.isoformat(),
+        "updated_at": rec.updated_at.isoformat(),
+    }
+
+
+def _flatten(nodes: list[UsageNode]) -> dict[str, UsageNode]:
+    out: dict[str, UsageNode] = {}
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        out[node.session.id] = node
+        stack.extend(node.children)
+    return out
+
+
+def _json_size(obj: object) -> int:
+    return len(json.dumps(obj, ensure_ascii=False, default=str).encode())
+
+
+class DaemonHandler(CommandHandler):
+    def __init__(self, daemon: DaemonControl):
+        self.daemon = daemon
+
+    # ---------------------------------------------------------------------------- dispatch
+
+    async def handle(self, client: ClientInfo, command: Command) -> Any:
+        if isinstance(command, Ping):
+            return self._ping()
+        if self.daemon.stopping and not isinstance(command, Shutdown | Detach):
+            raise ApiCommandError(E_SHUTTING_DOWN, "the daemon is stopping")
+        await self.daemon.wait_ready()
+        match command:
+            case ListSessions():
+                return await self._list_sessions()
+            case GetSession():
+                return await self._get_session(command.session)
+            case CreateSession():
+                return await self._create_session(command)
+            case Prompt():
+                return await self._submit(command.session, command.text, command.mode)
+            case SendMessage():
+                return await self._submit(command.session, command.text, "follow_up")
+            case Abort():
+                return await self._abort(command.session)
+            case Attach():
+                return await self._attach(command.session, command.cursor)
+            case Detach():
+                return {"detached": True, "session": command.session}
+            case GetUsage():
+                return await self._usage(command.session, command.tree)
+            case Shutdown():
+                return self._shutdown(command.force)
+        raise AssertionError(f"unhandled command {command.type}")  # pragma: no cover
+
+    async def snapshot(self, client: ClientInfo, session: str) -> SessionSnapshot | None:
+        """A slow client that was resynced gets the same tail an attach without cursor gets."""
+        rec = await self.daemon.store.get_session(session)
+        if rec is None:
+            return None
+        data = await self._replay(rec, None)
+        return SessionSnapshot(cursor=int(data["cursor"]), data=data)
+
+    # ---------------------------------------------------------------------------- helpers
+
+    async def _record(self, selector: str) -> SessionRecord:
+        """A session by id, unique id prefix or name (as the CLI accepts them)."""
+        try:
+            rec = await self.daemon.store.find_session(selector)
+        except UserError as exc:  # several match
+            raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
+        if rec is None:
+            raise ApiCommandError(E_NOT_FOUND, f"no session matches {selector!r}")
+        return rec
+
+    async def _live(self, selector: str) -> LiveSession:
+        rec = await self._record(selector)
+        live = self.daemon.orch.sessions.get(rec.id)
+        if live is None:
+            # Waking a session this daemon did not start (revival) is not built yet.
+            raise ApiCommandError(
+                E_BUSY, f"session {rec.id} is {rec.status} and not loaded in this daemon"
+            )
+        return live
+
+    # ---------------------------------------------------------------------------- commands
+
+    def _ping(self) -> JsonObject:
+        ready = self.daemon.ready and not self.daemon.stopping
+        sessions = self.daemon.orch.sessions.values() if ready else ()
+        live = [s for s in sessions if s.state not in TERMINAL_STATES]
+        return {
+            "pong": True,
+            "ready": ready,
+            "pid": os.getpid(),
+            "version": package_version(),
+            "socket": str(self.daemon.socket_path),
+            "uptime_s": round(time.monotonic() - self.daemon.started_monotonic, 3),
+            "sessions": len(live),
+            "running": sum(1 for s in live if s.state == "running"),
+            "stopping": self.daemon.stopping,
+        }
+
+    async def _forest(self) -> list[UsageNode]:
+        store = self.daemon.store
+        return build_usage_forest(await store.list_sessions(), await store.usage_summary())
+
+    async def _list_sessions(self) -> JsonObject:
+        nodes = _flatten(await self._forest())
+        rows = []
+        for rec in await self.daemon.store.list_sessions():
+            row = _session_dict(rec, self.daemon.orch.sessions.get(rec.id))
+            node = nodes.get(rec.id)
+            if node is not None:
+                row["usage"] = {"own": node.own.as_dict(), "total": node.total.as_dict()}
+            rows.append(row)
+        return {"sessions": rows}
+
+    async def _get_session(self, selector: str) -> JsonObject:
+        rec = await self._record(selector)
+        live = self.daemon.orch.sessions.get(rec.id)
+        row = _session_dict(rec, live)
+        if live is not None:
+            row["pending"] = live.pending
+            row["turns"] = live.turns
+        return {"session": row}
+
+    async def _create_session(self, command: CreateSession) -> JsonObject:
+        daemon = self.daemon
+        cwd = Path(command.cwd)
+        try:
+            usable = cwd.is_absolute() and cwd.is_dir()
+        except (OSError, ValueError):  # NUL bytes, a name too long for the filesystem
+            usable = False
+        if not usable:
+            shown = command.cwd[:MAX_SHOWN_PATH_CHARS]
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
+        if command.backend is not None and command.backend not in DAEMON_BACKENDS:
+            raise ApiCommandError(
+                E_INVALID_ARGUMENT,
+                f"backend {command.backend!r} is not available in the daemon yet; use local",
+            )
+        try:
+            model = resolve_model(command.model, daemon.settings)
+            model = await daemon.endpoint_for(model)
+        except UserError as exc:
+            raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
+        task = (command.task or "").strip()
+        name = command.name or (task.splitlines()[0][:SESSION_NAME_MAX_CHARS] if task else None)
+        live = await daemon.orch.create_session(
+            model=model,
+            cwd=cwd.resolve(),
+            name=name,
+            budget=daemon.settings.session_token_budget,
+        )
+        status = None
+        if task:
+            status = daemon.orch.submit(live, Inbound(UserMessagePayload(text=command.task or "")))
+        return {
+            "session": live.id,
+            "name": live.record.name,
+            "model": model.selector,
+            "backend": live.record.backend,
+            "prompt": status,
+        }
+
+    async def _submit(self, selector: str, text: str, mode: str) -> JsonObject:
+        if not text.strip():
+            raise ApiCommandError(E_INVALID_ARGUMENT, "the text is empty")
+        live = await self._live(selector)
+        if live.driver is None or live.driver.done():
+            raise ApiCommandError(E_BUSY, f"session {live.id} is {live.state} and takes no input")
+        item = Inbound(
+            UserMessagePayload(text=text), mode="steer" if mode == "steer" else "follow_up"
+        )
+        try:
+            status = self.daemon.orch.submit(live, item)
+        except ValueError as exc:  # a terminal session (aborted, deleted, error)
+            raise ApiCommandError(E_BUSY, str(exc)) from None
+        return {"session": live.id, "status": status}
+
+    async def _abort(self, selector: str) -> JsonObject:
+        live = await self._live(selector)
+        aborted = await self.daemon.abort_turn(live)
+        return {"session": live.id, "aborted": aborted, "status": live.state}
+
+    async def _attach(self, selector: str, cursor: int | None) -> JsonObject:
+        rec = await self._record(selector)
+        if rec.id != selector:
+            # The server attached the client under the name it sent; events are broadcast under
+            # the id, so a prefix or name would attach to nothing. Ask for the id.
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"attach by session id ({rec.id})")
+        return await self._replay(rec, cursor)
+
+    async def _replay(self, rec: SessionRecord, cursor: int | None) -> JsonObject:
+        """Events after ``cursor``, or a bounded snapshot when there are too many (see module)."""
+        store = self.daemon.store
+        after = cursor or 0
+        # Page through, keeping only the newest ATTACH_REPLAY_MAX_EVENTS: bounded memory even
+        # for a session with a very long history.
+        tail: deque[EventRecord] = deque(maxlen=ATTACH_REPLAY_MAX_EVENTS)
+        missed = 0
+        while True:
+            page = await store.events(rec.id, after_seq=after, limit=ATTACH_REPLAY_MAX_EVENTS)
+            tail.extend(page)
+            missed += len(page)
+            if len(page) < ATTACH_REPLAY_MAX_EVENTS:
+                break
+            after = page[-1].seq
+        events = [event_dict(e) for e in tail]
+        budget = ATTACH_REPLAY_MAX_BYTES
+        kept: deque[JsonObject] = deque()
+        for event in reversed(events):
+            size = _json_size(event)
+            if size > budget:
+                break
+            budget -= size
+            kept.appendleft(event)
+        snapshot = len(kept) < missed
+        last = int(tail[-1].seq) if tail else (cursor or 0)
+        live = self.daemon.orch.sessions.get(rec.id)
+        return {
+            "session": _session_dict(rec, live),
+            "cursor": last,
+            "snapshot": snapshot,
+            "missed": missed,
+            "events": list(kept),
+        }
+
+    async def _usage(self, selector: str | None, tree: bool) -> JsonObject:
+        forest = await self._forest()
+        if selector is None:
+            nodes = forest
+        else:
+            rec = await self._record(selector)
+            node = _flatten(forest).get(rec.id)
+            nodes = [node] if node is not None else []
+        out = []
+        for node in nodes:
+            data = node.as_dict()
+            if not tree:
+                data["children"] = []
+            out.append(data)
+        return {"usage": out}
+
+    def _shutdown(self, force: bool) -> JsonObject:
+        if self.daemon.stopping:
+            return {"stopping": True, "pid": os.getpid(), "aborting": []}
+        running = [s.id for s in self.daemon.orch.sessions.values() if s.state == "running"]
+        if running and not force:
+            raise ApiCommandError(
+                E_BUSY,
+                f"{len(running)} session(s) are running ({', '.join(running[:3])}); "
+                "use force to abort them",
+            )
+        # Answer first: the daemon stops after this response has been queued.
+        asyncio.get_running_loop().call_soon(self.daemon.request_shutdown)
+        return {"stopping": True, "pid": os.getpid(), "aborting": running}

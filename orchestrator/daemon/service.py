@@ -1,0 +1,243 @@
+"""The orchestrator daemon: one per user, the single owner of the store, the bus and sandboxes.
+
+``await Daemon().run()`` serves the control socket until SIGTERM/SIGINT or a ``shutdown``
+command, then stops every session, sandbox and server it owns (R8) and returns.
+
+Start-up order matters. The control socket is bound FIRST, because binding takes the socket's
+flock (``ControlServer``): a second daemon must fail on that lock before it touches anything
+the first one owns. Were the store or the bus first, a second daemon would report the DuckDB
+file as locked (confusing), or worse, adopt the first daemon's NATS server (``reuse``) and stop
+it on its way out. Until the rest is up, ``ping`` answers with ``ready: false`` and other
+commands wait (bounded) for readiness.
+
+Shutdown order: mark stopping (new commands get ``shutting_down``), abort running turns (each
+records its ``aborted`` event, pushed to attached clients), stop sessions and sandboxes, mark
+the sessions ``inactive`` in the store (their sandbox is gone, their history is on disk), close
+the socket, stop NATS and the embedded model, close the store last.
+
+Sandboxes started here still die with the daemon (``SandboxSpec.die_with_parent``), like print
+mode's: adopting sandboxes that outlive a daemon crash (R2) is the next step (docs/daemon.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.protocol import E_BUSY
+from orchestrator.api.server import ControlServer, default_socket_path
+from orchestrator.daemon.bus import DaemonBus
+from orchestrator.daemon.handler import DaemonHandler
+from orchestrator.models.registry import ResolvedModel
+from orchestrator.paths import Paths
+from orchestrator.sessions.family import FamilyService
+from orchestrator.sessions.live import LiveSession
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.settings import Settings, load_settings
+from orchestrator.store.db import Store
+
+if TYPE_CHECKING:
+    from orchestrator.models.embedded import EmbeddedModel
+
+__all__ = [
+    "DAEMON_LOG_FILE_NAME",
+    "READY_WAIT_TIMEOUT_S",
+    "STARTUP_ERROR_PREFIX",
+    "Daemon",
+    "daemon_log_path",
+]
+
+log = logging.getLogger(__name__)
+
+DAEMON_LOG_FILE_NAME: Final = "daemon.log"
+# How `python -m orchestrator.daemon` says it could not start (stderr, which `daemon start`
+# appends to the log and quotes without this prefix).
+STARTUP_ERROR_PREFIX: Final = "prime-agent daemon: error: "
+# A command that arrives while the daemon is still starting waits this long for it.
+READY_WAIT_TIMEOUT_S: Final = 60.0
+# Each phase of shutdown is bounded so a wedged part cannot keep the daemon (and its socket
+# lock) alive forever; sandbox stops are themselves bounded by PROCESS_STOP_GRACE_S.
+SHUTDOWN_PHASE_TIMEOUT_S: Final = 60.0
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+
+
+def daemon_log_path(paths: Paths | None = None) -> Path:
+    """The daemon's log, next to its socket in the private runtime directory."""
+    return (paths or Paths.from_env()).runtime_dir / DAEMON_LOG_FILE_NAME
+
+
+class Daemon:
+    """Owns one Store, one DaemonBus, one sandbox backend, one Orchestrator, one ControlServer."""
+
+    def __init__(
+        self,
+        *,
+        paths: Paths | None = None,
+        settings: Settings | None = None,
+        socket_path: Path | None = None,
+    ):
+        self.paths = paths or Paths.from_env()
+        self.settings = settings or load_settings(self.paths.config_file)
+        self.socket_path = socket_path or default_socket_path(self.paths)
+        self.started_monotonic = time.monotonic()
+        self.handler = DaemonHandler(self)
+        self.server: ControlServer | None = None
+        self._store: Store | None = None
+        self._orch: Orchestrator | None = None
+        self._bus: DaemonBus | None = None
+        self._embedded: EmbeddedModel | None = None
+        self._embedded_lock = asyncio.Lock()
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._stopping = False
+
+    # ---------------------------------------------------------------------------- DaemonControl
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise ApiCommandError(E_BUSY, "the daemon is still starting")
+        return self._store
+
+    @property
+    def orch(self) -> Orchestrator:
+        if self._orch is None:
+            raise ApiCommandError(E_BUSY, "the daemon is still starting")
+        return self._orch
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def wait_ready(self) -> None:
+        try:
+            async with asyncio.timeout(READY_WAIT_TIMEOUT_S):
+                await self._ready.wait()
+        except TimeoutError:
+            raise ApiCommandError(E_BUSY, "the daemon is still starting") from None
+
+    def request_shutdown(self) -> None:
+        self._stop.set()
+
+    async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
+        """Remote models as they are; the embedded model gets the endpoint of the one server
+        this daemon runs, started on first use (it costs ~0.5 GB of RAM, so only when asked)."""
+        if not model.embedded:
+            return model
+        async with self._embedded_lock:
+            if self._embedded is None:
+                from orchestrator.models.embedded import EmbeddedModel
+
+                self._embedded = EmbeddedModel(self.settings.embedded, self.paths)
+            if not self._embedded.running:
+                await self._embedded.start()  # also restarts a server that died
+            embedded = self._embedded
+        return model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
+
+    async def abort_turn(self, live: LiveSession) -> bool:
+        """Stop the running turn; the session stays loaded and takes new prompts."""
+        aborted = await self.orch.abort_turn(live)
+        if aborted:
+            log.info("aborted the running turn of %s", live.id)
+        return aborted
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    async def run(self) -> None:
+        """Serve until asked to stop; always leaves nothing running behind."""
+        server = ControlServer(self.socket_path, self.handler)
+        await server.start()  # DaemonAlreadyRunning / SocketPathError: nothing else started
+        self.server = server
+        loop = asyncio.get_running_loop()
+        for sig in _STOP_SIGNALS:
+            loop.add_signal_handler(sig, self.request_shutdown)
+        try:
+            await self._start_components()
+            self._ready.set()
+            log.info("daemon ready: pid %d, socket %s", os.getpid(), self.socket_path)
+            await self._stop.wait()
+            log.info("daemon stopping")
+        finally:
+            for sig in _STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
+            await asyncio.shield(self._shutdown())
+            log.info("daemon stopped")
+
+    async def _start_components(self) -> None:
+        from orchestrator.models.lite import preload_in_background
+        from orchestrator.sandbox.local import LocalBackend
+
+        # litellm takes seconds to import: do it now, on a thread, not in the first turn.
+        preload_in_background()
+        self._store = await Store.open(self.paths.database_file)
+        backend = LocalBackend(
+            pool_size=self.settings.warm_pool_size,
+            interrupt_grace_s=self.settings.interrupt_grace_s,
+            output_cap_chars=self.settings.output_cap_chars,
+        )
+        self._bus = DaemonBus(self.paths)
+        self._orch = Orchestrator(
+            store=self._store,
+            backend=backend,
+            settings=self.settings,
+            paths=self.paths,
+            bus=self._bus,
+            sink=self._sink,
+        )
+        await self._bus.start(FamilyService(self._orch).handlers())
+        # A daemon is long-lived: keep warm sandboxes so a new session's first cell is fast.
+        backend.start_pool()
+
+    def _sink(self, event: dict[str, Any]) -> None:
+        # Only durable events (they carry the store's seq, committed before we get here: R1)
+        # go to clients; their seq is the per-session cursor. Streaming deltas have no seq.
+        seq = event.get("seq")
+        if self.server is None or not isinstance(seq, int):
+            return
+        self.server.broadcast(str(event["session_id"]), seq, event)
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        orch = self._orch
+        if orch is not None:
+            await self._bounded("stopping sessions", self._stop_sessions(orch))
+        if self.server is not None:
+            await self._bounded("closing the control socket", self.server.close())
+        if self._bus is not None:
+            await self._bounded("stopping NATS", self._bus.close())
+        if self._embedded is not None:
+            await self._bounded("stopping the embedded model", self._embedded.stop())
+        self._orch = None
+        store, self._store = self._store, None
+        if store is not None:
+            await self._bounded("closing the store", store.close())
+
+    async def _stop_sessions(self, orch: Orchestrator) -> None:
+        settled = [s for s in orch.sessions.values() if s.state not in TERMINAL_STATES]
+        # Cancels every driver (a running turn records `aborted` and interrupts its cell, while
+        # the bus and sandboxes are still up), then stops every tree's sandboxes and the pool.
+        # Not abort_turn: that restarts drivers, and a queued follow-up would start a new turn.
+        await orch.close()
+        for session in settled:
+            # Sandbox gone, history on disk: that is what "inactive" means (SPEC.md §4).
+            with contextlib.suppress(Exception):
+                await orch.store.update_session(session.id, status="inactive")
+
+    @staticmethod
+    async def _bounded(what: str, work: Any) -> None:
+        try:
+            async with asyncio.timeout(SHUTDOWN_PHASE_TIMEOUT_S):
+                await work
+        except Exception:
+            log.exception("shutdown: %s failed", what)
