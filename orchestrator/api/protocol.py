@@ -76,6 +76,7 @@ __all__ = [
 PROTOCOL_VERSION = 1
 
 # Identifiers (client ids, command ids, session references, capability names) are short tokens.
+MAX_API_BASE_CHARS = 2048
 MAX_ID_CHARS = 128
 # A hello listing more capabilities than this is a broken or hostile client.
 MAX_CAPABILITIES = 64
@@ -174,6 +175,8 @@ class CreateSession(_Command):
     cwd: str = Field(min_length=1)
     task: str | None = None
     model: str | None = None
+    # An OpenAI-compatible endpoint for ``model`` (like the CLI's --api-base).
+    api_base: str | None = Field(default=None, max_length=MAX_API_BASE_CHARS)
     backend: str | None = None
     name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
 

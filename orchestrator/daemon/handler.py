@@ -278,7 +278,7 @@ class DaemonHandler(CommandHandler):
                 f"backend {command.backend!r} is not available in the daemon yet; use local",
             )
         try:
-            model = resolve_model(command.model, daemon.settings)
+            model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
             model = await daemon.endpoint_for(model)
         except UserError as exc:
             raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
