@@ -27,6 +27,7 @@ from orchestrator.settings import PROCESS_STOP_GRACE_S
 __all__ = [
     "PR_SET_PDEATHSIG",
     "ChildProcess",
+    "pid_alive",
     "set_parent_death_signal",
     "start_child",
 ]
@@ -34,6 +35,25 @@ __all__ = [
 PR_SET_PDEATHSIG = 1
 READY_LINE_MAX_BYTES = 64 * 1024
 STDERR_TAIL_BYTES = 4096
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as gone); works for processes not our own."""
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:  # no /proc (macOS): fall back to signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:

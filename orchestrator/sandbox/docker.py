@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError, UserError
+from orchestrator.procs import pid_alive
 from orchestrator.runtime.wire import ENV_NATS_URL
 from orchestrator.sandbox.base import CellResult, Sandbox, SandboxBackend, SandboxRef, SandboxSpec
 from orchestrator.sandbox.gateway import KernelGatewayClient
@@ -188,18 +189,6 @@ def list_owned(client: Any | None = None, *, owner: int | None = None) -> list[O
     return [_owned_from(c) for c in found]
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def find_orphans(
     client: Any | None = None, *, live_sessions: set[str] | None = None
 ) -> list[OwnedContainer]:
@@ -207,7 +196,7 @@ def find_orphans(
     (and, when ``live_sessions`` is given, their session is not one of them: adoptable)."""
     orphans = []
     for owned in list_owned(client):
-        if _pid_alive(owned.host_pid):
+        if pid_alive(owned.host_pid):
             continue
         if live_sessions is not None and owned.session_id in live_sessions:
             continue
