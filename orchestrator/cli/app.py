@@ -22,6 +22,7 @@ from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import images as images_cmd
 from orchestrator.cli import run as run_cmd
+from orchestrator.cli import shutdown as shutdown_cmd
 from orchestrator.cli import usage as usage_cmd
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
 
@@ -36,6 +37,9 @@ app = typer.Typer(
 )
 app.command("usage", help="Tokens and cost per session.")(usage_cmd.usage)
 app.add_typer(daemon_cmd.daemon_app, name="daemon", help="Start, stop or check the daemon.")
+app.command(
+    "shutdown", help="Stop the daemon, its sessions and sandboxes; remove stale containers."
+)(shutdown_cmd.shutdown)
 app.command("agents", help="Session trees: status, depth, backend, usage.")(agents_cmd.agents)
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
@@ -49,7 +53,7 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor", "daemon"})
+SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor", "daemon", "shutdown"})
 
 
 def _invoke(group: typer.Typer, args: list[str]) -> None:

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.paths import Paths
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import descendant_pids, pids_alive, wait_until
+from tests.helpers import cli, descendant_pids, pids_alive, wait_until
 
 LONG_CELL = "code: import time; time.sleep(120)"
 EXIT_WAIT_S = 30.0
@@ -110,3 +110,34 @@ def test_kill_9_leaves_no_sandbox_process(model: FakeModelServer) -> None:
     # What was acknowledged before the kill is in the database.
     types = [t for t, _ in _events(session_id)]
     assert types[:2] == ["user_message", "assistant_message"]
+
+
+def test_shutdown_removes_containers_a_killed_run_left(model: FakeModelServer) -> None:
+    from orchestrator.sandbox.docker import docker_usable, list_owned
+
+    usable, why = docker_usable()
+    if not usable:
+        pytest.skip(f"docker backend not usable here: {why}")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "orchestrator", "-p", "sleep", "--mode", "json"),
+            *("--backend", "docker", "--model", "openai/fake", "--api-base", model.url),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    session_id = _wait_for_cell(proc)
+
+    def mine() -> list[object]:
+        return [c for c in list_owned() if c.session_id == session_id]
+
+    assert wait_until(lambda: bool(mine()), timeout=60), "no container for the session"
+    proc.kill()
+    proc.communicate(timeout=EXIT_WAIT_S)
+    assert mine(), "the container should outlive a kill -9 of its orchestrator"
+    out = cli(["shutdown"])
+    assert out.returncode == 0, out.stderr
+    assert not mine()
+    assert "removed" in out.stdout
