@@ -71,6 +71,13 @@ def run(
             "there, else local with a warning), docker or local.",
         ),
     ] = Backend.auto,
+    network: Annotated[
+        bool,
+        typer.Option(
+            "--network/--no-network",
+            help="Let sandboxes reach the network (default: no network; docker only).",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
@@ -85,7 +92,7 @@ def run(
     if not workdir.is_dir():
         fail(f"--cwd {workdir} is not a directory")
     code = guarded(
-        lambda: _run(text, model, api_base, workdir.resolve(), backend.value, mode, debug),
+        lambda: _run(text, model, api_base, workdir.resolve(), backend.value, mode, debug, network),
         debug=debug,
     )
     raise SystemExit(code)
@@ -99,6 +106,7 @@ def _run(
     backend: str,
     mode: Mode,
     debug: bool,
+    network: bool = False,
 ) -> int:
     from orchestrator.models.lite import preload_in_background
     from orchestrator.models.registry import resolve_model
@@ -129,7 +137,7 @@ def _run(
         # SIGTERM stops like Ctrl-C: cancel, record the abort, stop the sandbox.
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
         result = await run_session(
-            RunOptions(task=text, cwd=cwd, backend=backend),  # type: ignore[arg-type]
+            RunOptions(task=text, cwd=cwd, backend=backend, network=network),  # type: ignore[arg-type]
             resolved,
             settings,
             paths,

@@ -40,6 +40,9 @@ class RunOptions:
     cwd: Path
     backend: Literal["auto", "docker", "local"] = "local"
     name: str | None = None
+    # Outside network access for the sandboxes (docker: a bridge network instead of none).
+    # The local backend has no network isolation to grant or take away.
+    network: bool = False
 
 
 @dataclass
@@ -48,7 +51,7 @@ class RunResult:
     outcome: TurnOutcome
 
 
-def make_backend(name: str, settings: Settings) -> SandboxBackend:
+def make_backend(name: str, settings: Settings, *, network: bool = False) -> SandboxBackend:
     """``docker`` or ``local``; ``auto``: docker when an engine answers and the session image
     exists, else local with a one-line warning that the session is not isolated."""
     if name not in ("auto", "docker", "local"):
@@ -61,6 +64,7 @@ def make_backend(name: str, settings: Settings) -> SandboxBackend:
             # Size 1 by default: the pool fills for the root's workspace after its own cold
             # start, so subagents (same cwd) start warm.
             return DockerBackend(
+                network=network,
                 pool_size=settings.warm_pool_size,
                 interrupt_grace_s=settings.interrupt_grace_s,
                 output_cap_chars=settings.output_cap_chars,
@@ -95,7 +99,7 @@ async def run_session(
     bus = NatsSessionBus(paths)
     orch = Orchestrator(
         store=store,
-        backend=make_backend(opts.backend, settings),
+        backend=make_backend(opts.backend, settings, network=opts.network),
         settings=settings,
         paths=paths,
         bus=bus,

@@ -203,3 +203,39 @@ def test_print_mode_on_the_docker_backend(model: FakeModelServer) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "The answer is 42.\n"
     assert "NOT isolated" not in proc.stderr
+
+
+ROUTE_SCRIPT = """
+code:
+    rows = open("/proc/net/route").read().splitlines()[1:]
+    print("default route", any(r.split()[1] == "00000000" for r in rows))
+---
+text: checked
+"""
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("--no-network", "False"), ("--network", "True")])
+def test_network_is_off_by_default_and_granted_explicitly(flag: str, expected: str) -> None:
+    """Looks at the routing table only: no packet leaves the machine."""
+    from orchestrator.sandbox.docker import docker_usable
+
+    usable, why = docker_usable()
+    if not usable:
+        pytest.skip(f"docker backend not usable here: {why}")
+    with FakeModelServer(ROUTE_SCRIPT) as srv:
+        proc = cli(
+            [
+                "-p",
+                "x",
+                "--backend",
+                "docker",
+                flag,
+                "--model",
+                "openai/fake",
+                "--api-base",
+                srv.url,
+            ]
+        )
+        assert proc.returncode == 0, proc.stderr
+        tool = next(m for m in srv.requests[1]["messages"] if m["role"] == "tool")
+    assert tool["content"] == f"default route {expected}"
