@@ -52,6 +52,9 @@ class LiveSession:
     last_outcome: TurnOutcome | None = None
     replied_to_parent: bool = False
     turns: int = 0
+    # Harness notes for the model, injected at the next model call like steer messages but
+    # not counted as pending input (they start no turn): e.g. "the REPL namespace is fresh".
+    notes: list[UserMessagePayload] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -66,8 +69,17 @@ class LiveSession:
         return len(self.steer) + len(self.follow)
 
     def take_steering(self) -> list[UserMessagePayload]:
+        notes, self.notes = self.notes, []
         taken, self.steer = self.steer, []
-        return [item.payload for item in taken]
+        return [*notes, *(item.payload for item in taken)]
+
+    def queued_message_ids(self) -> set[str]:
+        """Message ids waiting in memory (not yet recorded): redelivery must not add them twice."""
+        return {
+            item.payload.message_id
+            for item in (*self.steer, *self.follow)
+            if item.payload.message_id is not None
+        }
 
     def ensure_sandbox(self, start: Callable[[], Awaitable[Sandbox]]) -> asyncio.Task[Sandbox]:
         if self.sandbox_task is None:

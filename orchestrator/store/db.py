@@ -401,6 +401,10 @@ class Store:
     async def list_sessions(self) -> list[SessionRecord]:
         return await self._call(queries.select_sessions)
 
+    async def family_sessions(self, root_id: str) -> list[SessionRecord]:
+        """The sessions of one tree, parents before children."""
+        return await self._call(lambda con: queries.select_family(con, root_id))
+
     async def find_session(self, prefix_or_name: str) -> SessionRecord | None:
         """Unique id prefix or exact name; ``None`` if nothing matches, ``UserError`` if several."""
         return await self._call(lambda con: queries.find_session(con, prefix_or_name))
@@ -461,6 +465,13 @@ class Store:
 
     async def get_event(self, event_id: str) -> EventRecord | None:
         return await self._call(lambda con: queries.select_event(con, event_id))
+
+    async def recorded_message_ids(self, session_id: str, message_ids: list[str]) -> set[str]:
+        """The subset of ``message_ids`` already recorded as user messages of the session."""
+        ids = list(message_ids)
+        return await self._call(
+            lambda con: queries.select_recorded_message_ids(con, session_id, ids)
+        )
 
     async def active_path(self, session_id: str) -> list[EventRecord]:
         """The events from the root to the session's leaf, root first."""

@@ -33,6 +33,8 @@ __all__ = [
     "select_active_path",
     "select_event",
     "select_events",
+    "select_family",
+    "select_recorded_message_ids",
     "select_session",
     "select_sessions",
     "select_usage_summary",
@@ -202,6 +204,14 @@ def select_sessions(con: duckdb.DuckDBPyConnection) -> list[SessionRecord]:
     return [_session_from_row(row) for row in rows]
 
 
+def select_family(con: duckdb.DuckDBPyConnection, root_id: str) -> list[SessionRecord]:
+    """Every session of one tree (the root and its descendants), parents before children."""
+    rows = con.execute(
+        f"{_SESSION_SELECT} WHERE root_id = $1 ORDER BY depth, created_at, id", [root_id]
+    ).fetchall()
+    return [_session_from_row(row) for row in rows]
+
+
 def find_session(con: duckdb.DuckDBPyConnection, selector: str) -> SessionRecord | None:
     """The session whose id equals or starts with ``selector``, or whose name equals it.
 
@@ -306,6 +316,26 @@ def select_events(
         sql += " LIMIT $3"
         params.append(limit)
     return [_event_from_row(row) for row in con.execute(sql, params).fetchall()]
+
+
+def select_recorded_message_ids(
+    con: duckdb.DuckDBPyConnection, session_id: str, message_ids: list[str]
+) -> set[str]:
+    """Which of ``message_ids`` already entered ``session_id``'s history as a user_message.
+
+    The dedupe check of durable agent messages (R4): a message is recorded once, then acked
+    in its mailbox; a crash in between leaves it in both, and this drops the second delivery.
+    Bounded by the session: the ``(session_id, seq)`` index narrows the scan to its own rows.
+    """
+    if not message_ids:
+        return set()
+    rows = con.execute(
+        "SELECT DISTINCT payload->>'message_id' FROM events "
+        "WHERE session_id = $1 AND type = 'user_message' "
+        "AND payload->>'message_id' IN (SELECT unnest($2::VARCHAR[]))",
+        [session_id, list(message_ids)],
+    ).fetchall()
+    return {str(row[0]) for row in rows}
 
 
 # The recursive step is restricted to the session's own rows: a session's events form a closed
