@@ -17,7 +17,7 @@ from typing import Any, Final
 from orchestrator.bus.router import HostRouter
 from orchestrator.bus.server import EmbeddedNats
 from orchestrator.paths import Paths
-from orchestrator.sessions.manager import SessionBus
+from orchestrator.sessions.bus_link import MailboxBus
 
 __all__ = ["DAEMON_NATS_INSTANCE", "DaemonBus"]
 
@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 DAEMON_NATS_INSTANCE: Final = "daemon"
 
 
-class DaemonBus(SessionBus):
-    """NATS for the daemon: server, admin connection, host-request router."""
+class DaemonBus(MailboxBus):
+    """NATS for the daemon: server, admin connection, host-request router, mailboxes (R4)."""
 
     def __init__(self, paths: Paths):
         self.server = EmbeddedNats.from_paths(
@@ -42,6 +42,9 @@ class DaemonBus(SessionBus):
         if self.server.reused:
             log.info("adopted the NATS server left by a previous daemon (pid %d)", self.server.pid)
         self._nc = await self.server.admin.connect()
+        # The mailboxes are JetStream state of this server: an adopted server still holds the
+        # messages a crashed daemon had accepted, and the daemon redelivers them at start.
+        await self._open_mailbox(self._nc)
         self.router = HostRouter(self._nc)
         for request_type, handler in handlers.items():
             self.router.register(request_type, handler)

@@ -48,7 +48,7 @@ from orchestrator.errors import UserError
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.live import Inbound, LiveSession
-from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import UserMessagePayload
@@ -211,14 +211,19 @@ class DaemonHandler(CommandHandler):
         return rec
 
     async def _live(self, selector: str) -> LiveSession:
-        rec = await self._record(selector)
+        """The session, loaded (woken) from the store when this daemon has not loaded it."""
+        return await self._wake(await self._record(selector))
+
+    async def _wake(self, rec: SessionRecord) -> LiveSession:
         live = self.daemon.orch.sessions.get(rec.id)
-        if live is None:
-            # Waking a session this daemon did not start (revival) is not built yet.
-            raise ApiCommandError(
-                E_BUSY, f"session {rec.id} is {rec.status} and not loaded in this daemon"
-            )
-        return live
+        if live is not None:
+            return live
+        try:
+            return await self.daemon.orch.load_session(rec)
+        except SessionNotLoadable as exc:
+            raise ApiCommandError(E_BUSY, f"session {rec.id} cannot be woken: {exc}") from None
+        except UserError as exc:  # its model cannot be resolved with this daemon's config
+            raise ApiCommandError(E_BUSY, f"session {rec.id} cannot be woken: {exc}") from None
 
     # ---------------------------------------------------------------------------- commands
 
@@ -317,7 +322,10 @@ class DaemonHandler(CommandHandler):
         return {"session": live.id, "status": status}
 
     async def _abort(self, selector: str) -> JsonObject:
-        live = await self._live(selector)
+        rec = await self._record(selector)
+        live = self.daemon.orch.sessions.get(rec.id)
+        if live is None:  # not loaded: no turn runs, and waking it only to abort is pointless
+            return {"session": rec.id, "aborted": False, "status": rec.status}
         aborted = await self.daemon.abort_turn(live)
         return {"session": live.id, "aborted": aborted, "status": live.state}
 
@@ -327,6 +335,14 @@ class DaemonHandler(CommandHandler):
             # The server attached the client under the name it sent; events are broadcast under
             # the id, so a prefix or name would attach to nothing. Ask for the id.
             raise ApiCommandError(E_INVALID_ARGUMENT, f"attach by session id ({rec.id})")
+        if rec.status not in TERMINAL_STATES:
+            # Attaching wakes an inactive session (SPEC.md §4). The history is readable even
+            # when it cannot be woken, so a failure only costs the wake-up.
+            try:
+                await self._wake(rec)
+            except ApiCommandError as exc:
+                log.info("attach did not wake %s: %s", rec.id, exc)
+            rec = await self._record(rec.id)
         return await self._replay(rec, cursor)
 
     async def _replay(self, rec: SessionRecord, cursor: int | None) -> JsonObject:

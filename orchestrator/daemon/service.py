@@ -35,7 +35,7 @@ from orchestrator.api.protocol import E_BUSY
 from orchestrator.api.server import ControlServer, default_socket_path
 from orchestrator.daemon.bus import DaemonBus
 from orchestrator.daemon.handler import DaemonHandler
-from orchestrator.models.registry import ResolvedModel
+from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import LiveSession
@@ -145,6 +145,10 @@ class Daemon:
             embedded = self._embedded
         return model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
 
+    async def resolve(self, selector: str) -> ResolvedModel:
+        """A stored session's model, usable here: how the orchestrator wakes a session."""
+        return await self.endpoint_for(resolve_model(selector, self.settings))
+
     async def abort_turn(self, live: LiveSession) -> bool:
         """Stop the running turn; the session stays loaded and takes new prompts."""
         aborted = await self.orch.abort_turn(live)
@@ -194,10 +198,22 @@ class Daemon:
             paths=self.paths,
             bus=self._bus,
             sink=self._sink,
+            resolve=self.resolve,
         )
         await self._bus.start(FamilyService(self._orch).handlers())
+        # Nothing is loaded yet, so rows that say running or idle were left by a daemon (or a
+        # print-mode run) that died: mark the interrupted turns and cells, call them inactive.
+        recovered = await self._orch.recover_interrupted()
+        if recovered:
+            log.info("marked %d session(s) left by a dead orchestrator inactive", len(recovered))
         # A daemon is long-lived: keep warm sandboxes so a new session's first cell is fast.
         backend.start_pool()
+        # Messages accepted before a crash or stop and not yet in their recipient's history
+        # (R4): each wakes its recipient, once. Before `ready`, so a client never sees the
+        # recipient idle with its message still in the mailbox.
+        redelivered = await self._orch.redeliver_pending()
+        if redelivered:
+            log.info("redelivered %d queued agent message(s)", redelivered)
 
     def _sink(self, event: dict[str, Any]) -> None:
         # Only durable events (they carry the store's seq, committed before we get here: R1)

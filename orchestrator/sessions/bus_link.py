@@ -3,6 +3,9 @@
 Each session gets its own NATS user when it is created (its credentials go to its sandbox as
 environment) and loses it when it stops. Host requests arrive at the router, which hands them
 to ``FamilyService`` with the caller's session id taken from the subject.
+
+``MailboxBus`` adds the durable mailboxes (``orchestrator/bus/mailbox.py``) on the admin
+connection: both the print-mode bus and the daemon's bus keep agent messages in JetStream.
 """
 
 from __future__ import annotations
@@ -10,17 +13,89 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from typing import Any
+from typing import Any, Final
 
+from orchestrator.bus.mailbox import (
+    MAILBOX_STREAM,
+    MAILBOX_SUBJECT_PREFIX,
+    Mailbox,
+    MailboxMessage,
+)
 from orchestrator.bus.router import HostRouter
 from orchestrator.bus.server import EmbeddedNats
+from orchestrator.errors import BusError
 from orchestrator.paths import Paths
 from orchestrator.sessions.manager import SessionBus
 
-__all__ = ["NatsSessionBus"]
+__all__ = ["REDELIVERY_TAKE_MAX", "MailboxBus", "NatsSessionBus"]
+
+# Messages read from one mailbox at start-up. A live target holds at most MESSAGE_PENDING_MAX
+# (20) queued; a mailbox can hold more only across several crashes, and the rest come at the
+# next start.
+REDELIVERY_TAKE_MAX: Final = 1000
 
 
-class NatsSessionBus(SessionBus):
+class MailboxBus(SessionBus):
+    """The mailbox half of a bus: call ``_open_mailbox(nc)`` once the admin client is up."""
+
+    _mailbox: Mailbox | None = None
+    _mailbox_nc: Any = None
+
+    async def _open_mailbox(self, nc: Any) -> None:
+        mailbox = Mailbox(nc)
+        await mailbox.ensure_stream()
+        self._mailbox_nc = nc
+        self._mailbox = mailbox
+        # message id -> stream sequence, from put and take: an ack deletes by sequence.
+        self._seqs: dict[tuple[str, str], int] = {}
+
+    def _box(self) -> Mailbox:
+        if self._mailbox is None:
+            raise BusError("the mailbox is not open")
+        return self._mailbox
+
+    async def put_message(self, session_id: str, message: dict[str, Any]) -> None:
+        seq = await self._box().put(session_id, message)
+        self._seqs[(session_id, str(message["id"]))] = seq
+
+    async def pending_messages(self, session_id: str) -> list[dict[str, Any]]:
+        taken = await self._box().take(session_id, max=REDELIVERY_TAKE_MAX)
+        for message in taken:
+            self._seqs[(session_id, message.message_id)] = message.seq
+        return [{**message.data, "id": message.message_id} for message in taken]
+
+    async def ack_message(self, session_id: str, message_id: str) -> None:
+        seq = self._seqs.pop((session_id, message_id), None)
+        if seq is None:  # not put or taken by this process: look it up
+            found = [
+                m
+                for m in await self._box().take(session_id, max=REDELIVERY_TAKE_MAX)
+                if m.message_id == message_id
+            ]
+            if not found:
+                return
+            seq = found[0].seq
+        await self._box().ack(MailboxMessage(session_id, seq, message_id, {}))
+
+    async def sessions_with_messages(self) -> list[str]:
+        self._box()
+        prefix = MAILBOX_SUBJECT_PREFIX + "."
+        try:
+            info = await self._mailbox_nc.jsm().stream_info(
+                MAILBOX_STREAM, subjects_filter=prefix + "*"
+            )
+        except Exception as exc:
+            raise BusError(f"cannot list the mailboxes: {exc}") from exc
+        subjects = info.state.subjects or {}
+        return sorted(s.removeprefix(prefix) for s, count in subjects.items() if count)
+
+    async def purge_messages(self, session_id: str) -> None:
+        await self._box().purge(session_id)
+        for key in [k for k in self._seqs if k[0] == session_id]:
+            del self._seqs[key]
+
+
+class NatsSessionBus(MailboxBus):
     """An embedded nats-server private to this process (print mode without a daemon)."""
 
     def __init__(self, paths: Paths):
@@ -34,6 +109,9 @@ class NatsSessionBus(SessionBus):
     async def start(self, handlers: dict[str, Any]) -> None:
         await self.server.start()
         self._nc = await self.server.admin.connect()
+        # Print mode has no redelivery (its server and store directories go with the run), but
+        # the same put/ack path as the daemon keeps one code path for agent messages.
+        await self._open_mailbox(self._nc)
         self.router = HostRouter(self._nc)
         for request_type, handler in handlers.items():
             self.router.register(request_type, handler)

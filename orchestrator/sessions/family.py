@@ -9,6 +9,7 @@ pending count and rate (R11, R18).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import re
 import time
@@ -17,12 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.bus.router import HostRequestError
-from orchestrator.errors import UserError
+from orchestrator.errors import BusError, UserError
 from orchestrator.ids import new_event_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.sessions.live import Inbound, LiveSession
-from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
+from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
 
 __all__ = ["FamilyService", "TokenBucket"]
@@ -75,8 +77,30 @@ class TokenBucket:
 
 @dataclass(frozen=True)
 class _Target:
-    session: LiveSession
+    """A family member as the store knows it, with its live session when it is loaded.
+
+    Family lookups read the store, so members that are not loaded in this orchestrator
+    (inactive after a restart, finished in an earlier run) are found and woken on demand.
+    """
+
+    record: SessionRecord
+    live: LiveSession | None
     relationship: Literal["parent", "sibling", "child"]
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def name(self) -> str:
+        return self.record.name or self.record.id
+
+    @property
+    def state(self) -> str:
+        return self.live.state if self.live is not None else self.record.status
+
+    def matches(self, selector: str) -> bool:
+        return selector in (self.record.name, self.record.id, self.record.rlm_child_id)
 
 
 class FamilyService:
@@ -108,50 +132,83 @@ class FamilyService:
             raise HostRequestError("not_found", f"session {session_id} is not live here")
         return live
 
-    def _children(self, live: LiveSession) -> list[LiveSession]:
-        return [s for s in self.orch.sessions.values() if s.record.parent_id == live.id]
+    def _member(self, record: SessionRecord, relationship: Any) -> _Target:
+        return _Target(record, self.orch.sessions.get(record.id), relationship)
 
-    def _siblings(self, live: LiveSession) -> list[LiveSession]:
-        # Roots are siblings of each other (SPEC.md §3).
+    async def _tree(self, live: LiveSession) -> list[SessionRecord]:
+        return await self.orch.store.family_sessions(live.record.root_id)
+
+    async def _children(self, live: LiveSession) -> list[_Target]:
+        return [self._member(r, "child") for r in await self._tree(live) if r.parent_id == live.id]
+
+    async def _siblings(self, live: LiveSession) -> list[_Target]:
+        if live.record.parent_id is None:
+            # Roots are siblings of each other (SPEC.md §3): the roots loaded here, not every
+            # root the store ever held (a long-lived daemon's list would be unbounded).
+            return [
+                _Target(s.record, s, "sibling")
+                for s in self.orch.sessions.values()
+                if s.record.parent_id is None and s.id != live.id
+            ]
         return [
-            s
-            for s in self.orch.sessions.values()
-            if s.record.parent_id == live.record.parent_id and s.id != live.id
+            self._member(r, "sibling")
+            for r in await self._tree(live)
+            if r.parent_id == live.record.parent_id and r.id != live.id
         ]
 
-    def _parent(self, live: LiveSession) -> LiveSession | None:
-        return self.orch.sessions.get(live.record.parent_id or "")
+    async def _parent(self, live: LiveSession) -> _Target | None:
+        parent_id = live.record.parent_id
+        if parent_id is None:
+            return None
+        loaded = self.orch.sessions.get(parent_id)
+        if loaded is not None:
+            return _Target(loaded.record, loaded, "parent")
+        record = await self.orch.store.get_session(parent_id)
+        return self._member(record, "parent") if record is not None else None
 
-    def _family(self, live: LiveSession) -> list[_Target]:
+    async def _family(self, live: LiveSession) -> list[_Target]:
         out: list[_Target] = []
-        parent = self._parent(live)
+        parent = await self._parent(live)
         if parent is not None:
-            out.append(_Target(parent, "parent"))
-        out += [_Target(s, "sibling") for s in self._siblings(live)]
-        out += [_Target(s, "child") for s in self._children(live)]
-        return [t for t in out if t.session.state != "deleted"]
+            out.append(parent)
+        out += await self._siblings(live)
+        out += await self._children(live)
+        return [t for t in out if t.state != "deleted"]
 
-    def _find_in_family(self, live: LiveSession, selector: str) -> _Target:
+    async def _find_in_family(self, live: LiveSession, selector: str) -> _Target:
         if not isinstance(selector, str) or not selector.strip():
             raise _bad("target must be a non-empty name or id")
-        for target in self._family(live):
-            s = target.session
-            if selector in (s.record.name, s.id, s.record.rlm_child_id):
+        for target in await self._family(live):
+            if target.matches(selector):
                 return target
         raise HostRequestError(
             "not_family",
             f"{selector!r} is not your parent, sibling or child (see agent_message.list_agents())",
         )
 
+    async def _wake(self, target: _Target) -> LiveSession:
+        """The target's live session, loading it from the store when it is not loaded."""
+        if target.live is not None:
+            return target.live
+        try:
+            return await self.orch.load_session(target.record)
+        except SessionNotLoadable as exc:
+            raise HostRequestError("not_found", str(exc)) from None
+        except UserError as exc:  # its model cannot be resolved any more
+            raise HostRequestError(
+                "model_unavailable", f"{target.name} cannot be woken: {exc}"
+            ) from None
+
     @staticmethod
-    def _describe(s: LiveSession, relationship: str | None = None) -> dict[str, Any]:
+    def _describe(s: LiveSession | _Target, relationship: str | None = None) -> dict[str, Any]:
+        target = s if isinstance(s, _Target) else _Target(s.record, s, "child")
         out: dict[str, Any] = {
-            "name": s.name,
-            "session_id": s.id,
-            "rlm_child_id": s.record.rlm_child_id,
-            "status": s.state,
-            "depth": s.record.depth,
-            "model": s.model.selector,
+            "name": target.name,
+            "session_id": target.id,
+            "rlm_child_id": target.record.rlm_child_id,
+            "status": target.state,
+            "depth": target.record.depth,
+            "model": target.live.model.selector if target.live else target.record.model,
         }
         if relationship:
             out["relationship"] = relationship
@@ -182,7 +239,8 @@ class FamilyService:
                 f"depth limit reached: this session is at depth {parent.record.depth} and the "
                 f"maximum depth is {settings.max_depth}; do the work here instead",
             )
-        live_children = [c for c in self._children(parent) if c.state not in TERMINAL_STATES]
+        children = await self._children(parent)
+        live_children = [c for c in children if c.state not in TERMINAL_STATES]
         if len(live_children) >= settings.max_live_children:
             raise HostRequestError(
                 "quota_exceeded",
@@ -196,7 +254,7 @@ class FamilyService:
             name = name.strip()
             if len(name) > NAME_MAX or _CONTROL.search(name):
                 raise _bad(f"name must be at most {NAME_MAX} printable characters")
-            if any(c.record.name == name for c in self._children(parent) if c.state != "deleted"):
+            if any(c.record.name == name for c in children if c.state != "deleted"):
                 raise _bad(f"a subagent named {name!r} already exists")
         model = parent.model
         if args.get("model") is not None:
@@ -274,15 +332,32 @@ class FamilyService:
     async def rlm_delete_subagent(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
         parent = self._caller(caller_id)
         selector = args.get("target")
-        for child in self._children(parent):
-            if child.state != "deleted" and selector in (
-                child.id,
-                child.record.rlm_child_id,
-                child.record.name,
-            ):
-                await self.orch.stop_session(child, state="deleted")
+        for child in await self._children(parent):
+            if child.state != "deleted" and isinstance(selector, str) and child.matches(selector):
+                if child.live is not None:
+                    await self.orch.stop_session(child.live, state="deleted")
+                else:
+                    await self._delete_unloaded(child.record)
                 return {**self._describe(child), "status": "deleted"}
         raise HostRequestError("not_found", f"no subagent {selector!r} among your children")
+
+    async def _delete_unloaded(self, record: SessionRecord) -> None:
+        """A child that is not loaded has no driver or sandbox: tombstone it and its
+        descendants in the store, and drop their mailboxes (no wake-up at the next start)."""
+        tree = await self.orch.store.family_sessions(record.root_id)
+        doomed = {record.id}
+        for rec in tree:  # parents come before children
+            if rec.parent_id in doomed:
+                doomed.add(rec.id)
+        for session_id in doomed:
+            loaded = self.orch.sessions.get(session_id)
+            if loaded is not None:
+                await self.orch.stop_session(loaded, state="deleted")
+                continue
+            await self.orch.store.update_session(session_id, status="deleted")
+            if self.orch.bus is not None:
+                with contextlib.suppress(Exception):
+                    await self.orch.bus.purge_messages(session_id)
 
     async def rlm_find_models(self, caller_id: str, args: dict[str, Any]) -> list[dict[str, str]]:
         caller = self._caller(caller_id)
@@ -381,26 +456,26 @@ class FamilyService:
         if role == "parent":
             if receiver is not None:
                 raise _bad("receiver_name is not allowed for the parent")
-            parent = self._parent(sender)
+            parent = await self._parent(sender)
             if parent is None:
                 raise HostRequestError("not_found", "a root session has no parent")
-            target = _Target(parent, "parent")
+            target = parent
         elif role in ("sibling", "child"):
             if not isinstance(receiver, str) or not receiver:
                 raise _bad(f"receiver_name is required for a {role}")
-            pool = self._siblings(sender) if role == "sibling" else self._children(sender)
-            match = [
-                s
-                for s in pool
-                if s.state != "deleted" and receiver in (s.record.name, s.id, s.record.rlm_child_id)
-            ]
+            pool = await (self._siblings(sender) if role == "sibling" else self._children(sender))
+            match = [t for t in pool if t.state != "deleted" and t.matches(receiver)]
             if not match:
                 raise HostRequestError("not_family", f"you have no {role} named {receiver!r}")
-            target = _Target(match[0], role)
+            target = match[0]
         else:
             raise _bad("receiver_role must be 'parent', 'sibling' or 'child'")
-        dest = target.session
-        if dest.state in ("deleted", "aborted"):
+        if target.state in TERMINAL_STATES:
+            raise HostRequestError("not_found", f"{target.name} is {target.state}")
+        # A member that is not loaded (inactive, or finished in an earlier run) is woken: the
+        # message starts its next turn like any idle session's.
+        dest = await self._wake(target)
+        if dest.state in TERMINAL_STATES:
             raise HostRequestError("not_found", f"{dest.name} is {dest.state}")
         if dest.pending >= settings.message_pending_max:
             raise HostRequestError(
@@ -428,47 +503,56 @@ class FamilyService:
             sender_label=label,
             message_id=message_id,
         )
+        try:
+            # Durable first (the recipient's JetStream mailbox), then queued: R4.
+            status = await self.orch.deliver(dest, payload, mode=mode)
+        except BusError as exc:
+            raise HostRequestError(
+                "internal", f"the message could not be stored, nothing was sent: {exc}"
+            ) from None
+        except ValueError as exc:  # too large once encoded, or the target just stopped
+            raise HostRequestError("invalid_argument", str(exc)) from None
         if target.relationship == "parent":
             sender.replied_to_parent = True
-        status = self.orch.submit(dest, Inbound(payload, mode=mode))
         return {"id": message_id, "status": status, "target": dest.name, "at": _now_iso()}
 
     async def message_list_agents(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._caller(caller_id)
-        parent = self._parent(live)
+        parent = await self._parent(live)
+        siblings = await self._siblings(live)
+        children = await self._children(live)
         return {
             "self": self._describe(live),
             "parent": self._describe(parent) if parent else None,
-            "siblings": [self._describe(s) for s in self._siblings(live) if s.state != "deleted"],
-            "children": [self._describe(s) for s in self._children(live) if s.state != "deleted"],
+            "siblings": [self._describe(s) for s in siblings if s.state != "deleted"],
+            "children": [self._describe(s) for s in children if s.state != "deleted"],
         }
 
     # -- observation (read-only) ------------------------------------------------------------
 
     async def _observed(self, target: _Target) -> dict[str, Any]:
-        s = target.session
-        events = await self.orch.store.events(s.id)
+        events = await self.orch.store.events(target.id)
         talk = [e for e in events if e.type in ("user_message", "assistant_message")]
         last = next((e for e in reversed(events) if e.type == "assistant_message"), None)
         preview = str(last.payload.get("text", "")) if last is not None else ""
         return {
-            **self._describe(s, target.relationship),
-            "streaming": s.state == "running",
+            **self._describe(target, target.relationship),
+            "streaming": target.state == "running",
             "message_count": len(talk),
-            "pending_count": s.pending,
+            "pending_count": target.live.pending if target.live is not None else 0,
             "latest_preview": preview[:OBSERVE_PREVIEW_CHARS],
         }
 
     async def observe_list(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._caller(caller_id)
-        return {"agents": [await self._observed(t) for t in self._family(live)]}
+        return {"agents": [await self._observed(t) for t in await self._family(live)]}
 
     async def observe_get(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        target = self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
+        target = await self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
         return await self._observed(target)
 
     async def observe_recent(self, caller_id: str, args: dict[str, Any]) -> dict[str, Any]:
-        target = self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
+        target = await self._find_in_family(self._caller(caller_id), args.get("target"))  # type: ignore[arg-type]
         limit = args.get("limit", 8)
         max_chars = args.get("max_chars", 800)
         if not isinstance(limit, int) or not 1 <= limit <= OBSERVE_LIMIT_MAX:
@@ -476,7 +560,7 @@ class FamilyService:
         if not isinstance(max_chars, int) or not 1 <= max_chars <= OBSERVE_CHARS_MAX:
             raise _bad(f"max_chars must be 1..{OBSERVE_CHARS_MAX}")
         roles = {"user_message": "user", "assistant_message": "assistant", "tool_result": "tool"}
-        events = await self.orch.store.events(target.session.id)
+        events = await self.orch.store.events(target.id)
         wanted = [e for e in events if e.type in roles]
         return {
             "messages": [

@@ -52,9 +52,12 @@ class LiveSession:
     last_outcome: TurnOutcome | None = None
     replied_to_parent: bool = False
     turns: int = 0
-    # Harness notes for the model, injected at the next model call like steer messages but
-    # not counted as pending input (they start no turn): e.g. "the REPL namespace is fresh".
+    # Harness notes recorded at the start of the next turn, before its input (so the input
+    # stays the last thing the model reads); not pending input: they start no turn.
     notes: list[UserMessagePayload] = field(default_factory=list)
+    # Ids of messages submitted here and not yet recorded: queued, or taken by the loop and
+    # not committed yet. Redelivery skips them (the store does not have them yet).
+    inflight: set[str] = field(default_factory=set)
 
     @property
     def id(self) -> str:
@@ -69,17 +72,18 @@ class LiveSession:
         return len(self.steer) + len(self.follow)
 
     def take_steering(self) -> list[UserMessagePayload]:
-        notes, self.notes = self.notes, []
         taken, self.steer = self.steer, []
-        return [*notes, *(item.payload for item in taken)]
+        return [item.payload for item in taken]
 
-    def queued_message_ids(self) -> set[str]:
-        """Message ids waiting in memory (not yet recorded): redelivery must not add them twice."""
-        return {
-            item.payload.message_id
-            for item in (*self.steer, *self.follow)
-            if item.payload.message_id is not None
-        }
+    def accept(self, item: Inbound) -> None:
+        """Queue ``item``; its message id stays in ``inflight`` until it is recorded."""
+        if item.payload.message_id is not None:
+            self.inflight.add(item.payload.message_id)
+        if item.mode == "steer" and self.state == "running":
+            self.steer.append(item)
+        else:
+            self.follow.append(item)
+        self.wake.set()
 
     def ensure_sandbox(self, start: Callable[[], Awaitable[Sandbox]]) -> asyncio.Task[Sandbox]:
         if self.sandbox_task is None:

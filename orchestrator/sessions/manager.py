@@ -12,51 +12,113 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, Literal
+
+from pydantic import ValidationError
 
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
-from orchestrator.errors import PrimeAgentError, SandboxStartError
-from orchestrator.ids import new_session_id
+from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
+from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
-from orchestrator.models.registry import ResolvedModel
+from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
 from orchestrator.sessions.context import ContextBuilder
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
 from orchestrator.settings import Settings
-from orchestrator.store.db import SessionRecord, Store
+from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
+    AbortedPayload,
     NoticePayload,
     RunEndPayload,
+    ToolResultPayload,
     UsagePayload,
     UserMessagePayload,
 )
 
-__all__ = ["TERMINAL_STATES", "FamilyTimeout", "Orchestrator", "SessionBus"]
+__all__ = [
+    "INTERRUPTED_CELL_TEXT",
+    "RELOADED_NOTICE",
+    "TERMINAL_STATES",
+    "FamilyTimeout",
+    "ModelResolver",
+    "Orchestrator",
+    "SessionBus",
+    "SessionNotLoadable",
+]
 
 log = logging.getLogger(__name__)
 
 NOTICE_PREVIEW_CHARS = 600
 TERMINAL_STATES = frozenset({"error", "aborted", "deleted"})
+# Rows that claim a live session: after a restart nothing is loaded, so they are stale.
+STALE_LIVE_STATUSES: Final = frozenset({"running", "idle"})
+# Told to the model at the first model call after a session with a REPL history is reloaded:
+# the namespace is not revived yet (snapshots are a later issue), and it must not assume it is.
+RELOADED_NOTICE: Final = "[notice] this session was reloaded; its REPL namespace starts empty"
+# The tool result of a cell that was running when its orchestrator died: every tool call needs
+# a result (providers reject the history otherwise) and the outcome is unknown, so it is never
+# re-run (R2: no replayed side effects).
+INTERRUPTED_CELL_TEXT: Final = (
+    "[notice] the orchestrator stopped while this cell was running; its outcome is unknown "
+    "(it may have had side effects) and it was not re-run"
+)
+INTERRUPTED_CELL_STATUS: Final = "interrupted"
+RESTART_ABORT_REASON: Final = "orchestrator_restart"
+# Bounds the wait for mailbox acks still in flight when the orchestrator closes: an ack lost
+# here only costs a deduplicated redelivery at the next start.
+ACK_DRAIN_TIMEOUT_S: Final = 5.0
+
+ModelResolver = Callable[[str], Awaitable[ResolvedModel]]
+"""Turns a stored model selector into a usable model (the daemon adds the embedded endpoint)."""
 
 
 class FamilyTimeout(PrimeAgentError):
     """A print-mode run waited too long for its subagents to go quiet."""
 
 
+class SessionNotLoadable(UserError):
+    """The session cannot be loaded: unknown, terminal (deleted, aborted, error), or closing."""
+
+
 class SessionBus:
-    """What the manager needs from the bus; ``None`` bus = sessions without host requests."""
+    """What the manager needs from the bus; ``None`` bus = sessions without host requests.
+
+    The mailbox methods keep agent messages durable (R4): a message is put into the
+    recipient's mailbox before it is queued in memory, and acked once the recipient has
+    recorded it. This base class has no mailbox (messages live in memory only).
+    """
 
     async def credentials_env(self, session_id: str) -> dict[str, str]:
         raise NotImplementedError
 
     async def forget(self, session_id: str) -> None:
         raise NotImplementedError
+
+    async def put_message(self, session_id: str, message: dict[str, Any]) -> None:
+        """Store ``message`` (a JSON object with a string ``id``) durably for the session."""
+        return None
+
+    async def ack_message(self, session_id: str, message_id: str) -> None:
+        """The message is recorded in the session's history: drop it from the mailbox."""
+        return None
+
+    async def pending_messages(self, session_id: str) -> list[dict[str, Any]]:
+        """Messages stored and not acked, oldest first."""
+        return []
+
+    async def sessions_with_messages(self) -> list[str]:
+        """Session ids whose mailbox is not empty."""
+        return []
+
+    async def purge_messages(self, session_id: str) -> None:
+        """Drop every pending message of the session (it was deleted)."""
+        return None
 
 
 @dataclass
@@ -81,6 +143,7 @@ class Orchestrator:
         paths: Paths,
         bus: SessionBus | None = None,
         sink: EventSink | None = None,
+        resolve: ModelResolver | None = None,
     ):
         self.store = store
         self.backend = backend
@@ -90,9 +153,21 @@ class Orchestrator:
         self.sink = sink
         self.sessions: dict[str, LiveSession] = {}
         self.budgets = BudgetTree()
+        self._resolve = resolve or self._resolve_from_settings
         self._changed = asyncio.Condition()
         self._closing = False
         self._abort_lock = asyncio.Lock()
+        # Sessions being loaded: concurrent wakers (two messages, a message and an attach)
+        # share one load instead of building two drivers for one session.
+        self._loading: dict[str, asyncio.Future[LiveSession]] = {}
+        # Which sessions have a node in the budget tree: a loaded child needs its ancestors'
+        # (and siblings') nodes even when those sessions themselves are not loaded.
+        self._budgeted: set[str] = set()
+        self._budget_lock = asyncio.Lock()
+        self._acks: set[asyncio.Task[None]] = set()
+
+    async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
+        return resolve_model(selector, self.settings)
 
     # -- creating sessions ------------------------------------------------------------------
 
@@ -126,38 +201,175 @@ class Orchestrator:
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that
         # never runs a cell costs no bus reload, and admission stays fast.
-        env = {
-            "PRIME_AGENT_DEPTH": str(record.depth),
-            "PRIME_AGENT_MAX_DEPTH": str(self.settings.max_depth),
-        }
-        spec = SandboxSpec(
-            session_id=session_id,
-            cwd=cwd,
-            artifacts_dir=ensure_private_dir(self.paths.session_artifacts(session_id)),
-            env=env,
-            labels={"root": record.root_id},
-        )
-        live = LiveSession(record=record, model=model, spec=spec)
+        live = LiveSession(record=record, model=model, spec=self._spec(record))
         self.budgets.add(session_id, parent.id if parent else None, budget)
-        live.loop = AgentLoop(
-            session_id=session_id,
-            client=ModelClient(model, self.settings),
-            system_prompt=build_system_prompt(
-                EnvironmentFacts(cwd=str(cwd), model=model.selector, backend=self.backend.name),
-                tool_protocol=model.tool_protocol,
-            ),
-            get_sandbox=lambda: self._sandbox(live),
-            record=lambda type_, payload: self.record(live, type_, payload),
-            settings=self.settings,
-            context=ContextBuilder(),
-            sink=self.sink,
-            hooks=_Hooks(live, self.budgets),
-        )
+        self._budgeted.add(session_id)
+        self._attach_loop(live, ContextBuilder())
         self.sessions[session_id] = live
         if eager_sandbox:
             live.ensure_sandbox(lambda: self._start_sandbox(live))
         live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
         return live
+
+    def _spec(self, record: SessionRecord) -> SandboxSpec:
+        env = {
+            "PRIME_AGENT_DEPTH": str(record.depth),
+            "PRIME_AGENT_MAX_DEPTH": str(self.settings.max_depth),
+        }
+        return SandboxSpec(
+            session_id=record.id,
+            cwd=Path(record.cwd),
+            artifacts_dir=ensure_private_dir(self.paths.session_artifacts(record.id)),
+            env=env,
+            labels={"root": record.root_id},
+        )
+
+    def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
+        live.loop = AgentLoop(
+            session_id=live.id,
+            client=ModelClient(live.model, self.settings),
+            system_prompt=build_system_prompt(
+                EnvironmentFacts(
+                    cwd=live.record.cwd, model=live.model.selector, backend=self.backend.name
+                ),
+                tool_protocol=live.model.tool_protocol,
+            ),
+            get_sandbox=lambda: self._sandbox(live),
+            record=lambda type_, payload: self.record(live, type_, payload),
+            settings=self.settings,
+            context=context,
+            sink=self.sink,
+            hooks=_Hooks(live, self.budgets),
+        )
+
+    # -- loading sessions from the store (waking) ---------------------------------------------
+
+    async def load_session(self, record: SessionRecord) -> LiveSession:
+        """The live session for ``record``, loading it from the store when it is not loaded.
+
+        A loaded session gets its model (through the resolver), its context rebuilt from the
+        active path, its budget node (spending from the usage rows) and a driver. It has no
+        sandbox until its next cell, and that sandbox is new: the REPL namespace is not
+        revived, and the model is told so. Its parent is not loaded (only when it is needed,
+        e.g. for a notice). Raises ``SessionNotLoadable`` or the resolver's ``UserError``.
+        """
+        live = self.sessions.get(record.id)
+        if live is not None:
+            return live
+        future = self._loading.get(record.id)
+        if future is None:
+            future = asyncio.ensure_future(self._load(record.id))
+            self._loading[record.id] = future
+            future.add_done_callback(lambda _f: self._loading.pop(record.id, None))
+        # shield: one waker giving up (cancelled) must not cancel the load the others wait on.
+        return await asyncio.shield(future)
+
+    async def load_session_id(self, session_id: str) -> LiveSession:
+        live = self.sessions.get(session_id)
+        if live is not None:
+            return live
+        record = await self.store.get_session(session_id)
+        if record is None:
+            raise SessionNotLoadable(f"no session {session_id}")
+        return await self.load_session(record)
+
+    async def _load(self, session_id: str) -> LiveSession:
+        if self._closing:
+            raise SessionNotLoadable("the orchestrator is closing")
+        record = await self.store.get_session(session_id)  # the row as of now, not the caller's
+        if record is None:
+            raise SessionNotLoadable(f"no session {session_id}")
+        if record.status in TERMINAL_STATES:
+            raise SessionNotLoadable(f"session {session_id} is {record.status}")
+        model = await self._resolve(record.model)
+        await self._ensure_budgets(record.root_id)
+        if session_id in self.sessions:  # created or loaded meanwhile (cannot happen twice)
+            return self.sessions[session_id]
+        live = LiveSession(record=record, model=model, spec=self._spec(record))
+        path = await self.store.active_path(session_id)
+        path += await self._close_interrupted_cells(session_id, path, sink=True)
+        context = ContextBuilder()
+        context.extend(path)
+        if any(event.type == "tool_result" for event in path):
+            live.notes.append(UserMessagePayload(text=RELOADED_NOTICE, source="harness"))
+        self._attach_loop(live, context)
+        state: Literal["idle", "completed"] = "completed" if record.parent_id else "idle"
+        live.state = state
+        self.sessions[session_id] = live
+        live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
+        await self._set_state(live, state)
+        log.info("loaded session %s from the store (%d events on its path)", session_id, len(path))
+        return live
+
+    async def _ensure_budgets(self, root_id: str) -> None:
+        """Budget nodes for every session of the tree, spending from the store's usage rows.
+
+        The whole tree, not just the session: its budget check walks its ancestors, and an
+        ancestor's spending includes every descendant, loaded or not.
+        """
+        async with self._budget_lock:  # two loads in one tree must not add a node twice
+            missing = [
+                r for r in await self.store.family_sessions(root_id) if r.id not in self._budgeted
+            ]
+            if not missing:
+                return
+            summaries = await self.store.usage_summary([r.id for r in missing])
+            usage = {u.session_id: u for u in summaries}
+            for rec in missing:  # parents first (ordered by depth): children link to them
+                u = usage.get(rec.id)
+                spent = billable_tokens(u.input, u.output, u.cache_write) if u else 0
+                self.budgets.add(rec.id, rec.parent_id, rec.budget_tokens, spent)
+                self._budgeted.add(rec.id)
+
+    async def _close_interrupted_cells(
+        self, session_id: str, path: list[EventRecord], *, sink: bool
+    ) -> list[EventRecord]:
+        """Record a result for every tool call on ``path`` that has none (its cell was running
+        when the orchestrator died): the history is valid again, and the model learns the
+        outcome is unknown instead of the cell being re-run."""
+        answered = {e.payload.get("tool_call_id") for e in path if e.type == "tool_result"}
+        added: list[EventRecord] = []
+        for event in path:
+            if event.type != "assistant_message":
+                continue
+            for call in event.payload.get("tool_calls") or []:
+                call_id = call.get("id")
+                if not isinstance(call_id, str) or call_id in answered:
+                    continue
+                payload = ToolResultPayload(
+                    tool_call_id=call_id,
+                    name=str(call.get("name") or "ipython"),
+                    text=INTERRUPTED_CELL_TEXT,
+                    is_error=True,
+                    status=INTERRUPTED_CELL_STATUS,
+                )
+                rec = await self.store.append(session_id, "tool_result", payload)
+                answered.add(call_id)
+                added.append(rec)
+                if sink:
+                    self._push(rec)
+        return added
+
+    async def recover_interrupted(self) -> list[str]:
+        """At start-up, before anything is loaded: sessions the store still calls running or
+        idle belonged to an orchestrator that died. Mark an interrupted turn explicitly
+        (``aborted``, plus a result for a cell that was running) and call them inactive."""
+        recovered: list[str] = []
+        for record in await self.store.list_sessions():
+            if record.status not in STALE_LIVE_STATUSES or record.id in self.sessions:
+                continue
+            try:
+                path = await self.store.active_path(record.id)
+                await self._close_interrupted_cells(record.id, path, sink=False)
+                if record.status == "running":
+                    await self.store.append(
+                        record.id, "aborted", AbortedPayload(reason=RESTART_ABORT_REASON)
+                    )
+                await self.store.update_session(record.id, status="inactive")
+                recovered.append(record.id)
+            except Exception:  # one damaged session must not keep the others from recovering
+                log.exception("could not recover session %s", record.id)
+        return recovered
 
     async def _start_sandbox(self, live: LiveSession) -> Sandbox:
         if self.bus is not None:
@@ -180,6 +392,17 @@ class Orchestrator:
             self.budgets.spend(
                 live.id, billable_tokens(payload.input, payload.output, payload.cache_write)
             )
+        if isinstance(payload, UserMessagePayload) and payload.message_id is not None:
+            live.inflight.discard(payload.message_id)  # after the commit: the store has it now
+            if self.bus is not None:
+                # Committed first, acked second: a crash in between leaves the message in both
+                # places, and redelivery drops it by message id (exactly once into context,
+                # R4). In the background: the ack is cleanup; a slow bus must not stall a turn.
+                self._background(self._ack(live.id, payload.message_id))
+        self._push(rec)
+        return rec
+
+    def _push(self, rec: EventRecord) -> None:
         if self.sink is not None:
             self.sink(
                 {
@@ -192,20 +415,114 @@ class Orchestrator:
                     "payload": rec.payload,
                 }
             )
-        return rec
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._acks.add(task)
+        task.add_done_callback(self._acks.discard)
+
+    async def _ack(self, session_id: str, message_id: str) -> None:
+        assert self.bus is not None
+        try:
+            await self.bus.ack_message(session_id, message_id)
+        except Exception as exc:  # redelivery deduplicates; the message is already recorded
+            log.warning("could not ack message %s of %s: %s", message_id, session_id, exc)
 
     # -- input ------------------------------------------------------------------------------
+
+    async def deliver(
+        self,
+        dest: LiveSession,
+        payload: UserMessagePayload,
+        mode: Literal["steer", "follow_up"] = "follow_up",
+    ) -> str:
+        """A message for ``dest``: into its durable mailbox first, then into its queue.
+
+        The mailbox put comes first so that a crash at any later moment (queued in memory,
+        turn not started, daemon killed) still finds the message at the next start. It is
+        acked when ``dest`` records it (``record``). Returns ``submit``'s receipt.
+        """
+        if dest.state in TERMINAL_STATES:
+            raise ValueError(f"session {dest.id} is {dest.state}")
+        if payload.message_id is None:
+            payload = payload.model_copy(update={"message_id": "m-" + new_event_id()})
+        if self.bus is not None:
+            assert payload.message_id is not None
+            envelope = {
+                "id": payload.message_id,
+                "mode": mode,
+                "payload": payload.model_dump(mode="json"),
+            }
+            await self.bus.put_message(dest.id, envelope)
+        return self.submit(dest, Inbound(payload, mode=mode))
+
+    async def redeliver_pending(self) -> int:
+        """At start-up: submit every message a mailbox still holds, each once.
+
+        A message already recorded in its recipient's history (the crash came between the
+        commit and the ack) is only acked. The rest wake their recipient (loaded from the
+        store) in the order they were sent. Returns how many were submitted.
+        """
+        if self.bus is None:
+            return 0
+        submitted = 0
+        for session_id in await self.bus.sessions_with_messages():
+            try:
+                submitted += await self._redeliver(session_id)
+            except Exception:  # the messages stay in the mailbox for the next start
+                log.exception("could not redeliver the messages of %s", session_id)
+        return submitted
+
+    async def _redeliver(self, session_id: str) -> int:
+        assert self.bus is not None
+        messages = await self.bus.pending_messages(session_id)
+        record = await self.store.get_session(session_id)
+        if record is None or record.status == "deleted":
+            await self.bus.purge_messages(session_id)
+            return 0
+        ids = [str(m.get("id")) for m in messages]
+        # In memory first, then the store: an id leaves `inflight` only after its commit, so
+        # one that is in neither place (checked in this order) was never submitted here.
+        live = self.sessions.get(session_id)
+        queued = set(live.inflight) if live is not None else set()
+        recorded = await self.store.recorded_message_ids(session_id, ids)
+        fresh: list[tuple[UserMessagePayload, Literal["steer", "follow_up"]]] = []
+        for message_id, message in zip(ids, messages, strict=True):
+            if message_id in queued:
+                continue
+            if message_id in recorded:
+                await self.bus.ack_message(session_id, message_id)
+                continue
+            try:
+                payload = UserMessagePayload.model_validate(message.get("payload"))
+            except ValidationError:
+                log.error("dropping malformed mailbox message %s of %s", message_id, session_id)
+                await self.bus.ack_message(session_id, message_id)
+                continue
+            payload = payload.model_copy(update={"message_id": message_id})
+            fresh.append((payload, "steer" if message.get("mode") == "steer" else "follow_up"))
+        if not fresh:
+            return 0
+        if record.status in TERMINAL_STATES:
+            log.warning(
+                "dropping %d message(s) for %s, which is %s", len(fresh), session_id, record.status
+            )
+            for payload, _mode in fresh:
+                assert payload.message_id is not None
+                await self.bus.ack_message(session_id, payload.message_id)
+            return 0
+        live = await self.load_session(record)
+        for payload, mode in fresh:
+            self.submit(live, Inbound(payload, mode=mode))
+        log.info("redelivered %d message(s) to %s", len(fresh), session_id)
+        return len(fresh)
 
     def submit(self, live: LiveSession, item: Inbound) -> str:
         """Queue input for a session; return "delivered" (it starts a turn now) or "queued"."""
         if live.state in TERMINAL_STATES:
             raise ValueError(f"session {live.id} is {live.state}")
         idle = live.state != "running"
-        if item.mode == "steer" and not idle:
-            live.steer.append(item)
-        else:
-            live.follow.append(item)
-        live.wake.set()
+        live.accept(item)
         return "delivered" if idle else "queued"
 
     # -- the driver ---------------------------------------------------------------------------
@@ -220,6 +537,7 @@ class Orchestrator:
             await self._set_state(live, "running")
             outcome: TurnOutcome | None = None
             try:
+                await self._record_notes(live)
                 outcome = await live.loop.run(item.payload)
             finally:
                 if outcome is None:  # cancelled: the caller decides the state
@@ -244,6 +562,13 @@ class Orchestrator:
                 continue
             await self._set_state(live, "completed" if live.record.parent_id else "idle")
 
+    async def _record_notes(self, live: LiveSession) -> None:
+        assert live.loop is not None
+        while live.notes:
+            note = live.notes.pop(0)
+            await self.record(live, "user_message", note)
+            live.loop.context.add("user_message", note.model_dump(mode="json"))
+
     async def _set_state(self, live: LiveSession, state: str) -> None:
         live.state = state  # type: ignore[assignment]
         with contextlib.suppress(Exception):
@@ -255,8 +580,20 @@ class Orchestrator:
             self._changed.notify_all()
 
     async def _notify_parent(self, live: LiveSession, outcome: TurnOutcome) -> None:
-        """A child that failed, or finished without replying, tells its parent (SPEC.md §3)."""
-        parent = self.sessions.get(live.record.parent_id or "")
+        """A child that failed, or finished without replying, tells its parent (SPEC.md §3).
+
+        A parent that is not loaded (the child was woken after a restart) is loaded for it.
+        """
+        parent_id = live.record.parent_id
+        if parent_id is None:
+            return
+        parent = self.sessions.get(parent_id)
+        if parent is None and not self._closing:
+            try:
+                parent = await self.load_session_id(parent_id)
+            except (SessionNotLoadable, UserError) as exc:
+                log.info("not notifying the parent of %s: %s", live.id, exc)
+                return
         if parent is None or parent.state in TERMINAL_STATES:
             return
         label = f"subagent {live.name} ({live.record.rlm_child_id})"
@@ -270,10 +607,16 @@ class Orchestrator:
             detail = outcome.final_text or (str(outcome.error) if outcome.error else "")
             text = f"[{label} stopped: {outcome.reason}. {detail}]".strip()
         await self.record(parent, "notice", NoticePayload(text=text))
-        self.submit(
-            parent,
-            Inbound(UserMessagePayload(text=text, source="harness"), mode="follow_up"),
-        )
+        # Durable like an agent message: a notice queued behind a busy parent survives a crash.
+        try:
+            await self.deliver(parent, UserMessagePayload(text=text, source="harness"))
+        except Exception as exc:  # the bus failed: the notice still reaches a live parent
+            log.warning("notice for %s not stored durably: %s", parent.id, exc)
+            with contextlib.suppress(ValueError):
+                self.submit(
+                    parent,
+                    Inbound(UserMessagePayload(text=text, source="harness"), mode="follow_up"),
+                )
 
     # -- quiescence and shutdown --------------------------------------------------------------
 
@@ -336,6 +679,9 @@ class Orchestrator:
         if self.bus is not None:
             with contextlib.suppress(Exception):
                 await self.bus.forget(live.id)
+            if state == "deleted":  # its queued messages must not wake it at the next start
+                with contextlib.suppress(Exception):
+                    await self.bus.purge_messages(live.id)
 
     async def _stop_sandbox(self, live: LiveSession) -> None:
         task = live.sandbox_task
@@ -369,3 +715,5 @@ class Orchestrator:
                     await self.stop_session(live)
         with contextlib.suppress(Exception):
             await self.backend.close()
+        if self._acks:
+            await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
