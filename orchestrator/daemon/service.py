@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import E_BUSY
 from orchestrator.api.server import ControlServer, default_socket_path
-from orchestrator.daemon.bus import DaemonBus
+from orchestrator.daemon.bus import DaemonBus, daemon_bus
 from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
@@ -190,7 +190,7 @@ class Daemon:
             interrupt_grace_s=self.settings.interrupt_grace_s,
             output_cap_chars=self.settings.output_cap_chars,
         )
-        self._bus = DaemonBus(self.paths)
+        self._bus = daemon_bus(self.paths)
         self._orch = Orchestrator(
             store=self._store,
             backend=backend,

@@ -11,6 +11,7 @@ connection: both the print-mode bus and the daemon's bus keep agent messages in 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 from typing import Any, Final
@@ -26,6 +27,8 @@ from orchestrator.bus.server import EmbeddedNats
 from orchestrator.errors import BusError
 from orchestrator.paths import Paths
 from orchestrator.sessions.manager import SessionBus
+
+log = logging.getLogger(__name__)
 
 __all__ = ["REDELIVERY_TAKE_MAX", "MailboxBus", "NatsSessionBus"]
 
@@ -96,21 +99,46 @@ class MailboxBus(SessionBus):
 
 
 class NatsSessionBus(MailboxBus):
-    """An embedded nats-server private to this process (print mode without a daemon)."""
+    """An embedded nats-server with its admin connection, host-request router and mailboxes.
 
-    def __init__(self, paths: Paths):
-        # One instance per process: two print-mode runs must not share (and kill) a server.
+    Print mode (the default constructor) runs a server private to this process: it dies with
+    the process and its directories are removed afterwards. The daemon's (``for_daemon``) is
+    one named instance that outlives a daemon crash and is adopted by the next daemon, so the
+    JetStream mailboxes (queued agent messages, R4) survive; a clean stop keeps its state files
+    (users only, no session content).
+    """
+
+    def __init__(
+        self,
+        paths: Paths,
+        *,
+        instance: str | None = None,
+        persistent: bool = False,
+    ):
+        # One instance per process unless named: two print-mode runs must not share (and kill)
+        # a server.
         self.server = EmbeddedNats.from_paths(
-            paths, instance=f"run-{os.getpid()}", reuse=False, die_with_parent=True
+            paths,
+            instance=instance or f"run-{os.getpid()}",
+            reuse=persistent,
+            die_with_parent=not persistent,
         )
+        self.persistent = persistent
         self.router: HostRouter | None = None
         self._nc: Any = None
 
+    @classmethod
+    def for_daemon(cls, paths: Paths, instance: str) -> NatsSessionBus:
+        return cls(paths, instance=instance, persistent=True)
+
     async def start(self, handlers: dict[str, Any]) -> None:
         await self.server.start()
+        if self.server.reused:
+            log.info("adopted the NATS server left by a previous daemon (pid %d)", self.server.pid)
         self._nc = await self.server.admin.connect()
-        # Print mode has no redelivery (its server and store directories go with the run), but
-        # the same put/ack path as the daemon keeps one code path for agent messages.
+        # An adopted server still holds the messages a crashed daemon had accepted; the daemon
+        # redelivers them at start. Print mode has no redelivery, but the same put/ack path
+        # keeps one code path for agent messages.
         await self._open_mailbox(self._nc)
         self.router = HostRouter(self._nc)
         for request_type, handler in handlers.items():
@@ -124,6 +152,7 @@ class NatsSessionBus(MailboxBus):
         await self.server.remove_session_user(session_id)
 
     async def close(self) -> None:
+        """Stop routing and stop the server (a clean shutdown leaves no nats-server, R8)."""
         if self.router is not None:
             with contextlib.suppress(Exception):
                 await self.router.close()
@@ -132,6 +161,7 @@ class NatsSessionBus(MailboxBus):
                 await self._nc.close()
         with contextlib.suppress(Exception):
             await self.server.stop()
-        # A per-run server's JetStream store holds nothing that outlives the run.
-        shutil.rmtree(self.server.store_dir, ignore_errors=True)
-        shutil.rmtree(self.server.runtime_dir, ignore_errors=True)
+        if not self.persistent:
+            # A per-run server's JetStream store holds nothing that outlives the run.
+            shutil.rmtree(self.server.store_dir, ignore_errors=True)
+            shutil.rmtree(self.server.runtime_dir, ignore_errors=True)
