@@ -115,7 +115,6 @@ READY_POLL_S = 0.02
 CONTAINER_CHECK_EVERY_S = 0.5  # while waiting for the gateway: did the container exit?
 STOP_TIMEOUT_S = 2  # docker stop: SIGTERM -> this -> SIGKILL
 DOCKER_API_TIMEOUT_S = 60
-IS_ALIVE_TIMEOUT_S = 2.0
 # A cell is given timeout + interrupt grace + this before we stop trusting the container (a fork
 # bomb can leave the gateway unable to restart the kernel: no pid left to spawn it).
 HANG_ALLOWANCE_S = 20.0
@@ -598,12 +597,7 @@ class DockerSandbox(Sandbox):
     async def is_alive(self) -> bool:
         if self._stopped or self.client is None:
             return False
-        try:
-            async with asyncio.timeout(IS_ALIVE_TIMEOUT_S):
-                model = await self.client.kernel_model()
-        except (SandboxError, TimeoutError):
-            return False
-        return model.get("execution_state") != "dead"
+        return await self.client.kernel_alive()
 
     async def stop(self) -> None:
         if self._stopped:

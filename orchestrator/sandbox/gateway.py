@@ -61,6 +61,7 @@ WS_RECONNECT_ATTEMPTS = 3
 # the gateway is still sending; do not wait the default 10 s for it.
 WS_CLOSE_TIMEOUT_S = 1.0
 KERNEL_INFO_RESEND_S = 0.2
+IS_ALIVE_TIMEOUT_S = 2.0  # a liveness probe that takes longer is a no
 # After an execute_reply, how long the matching iopub idle may lag before we stop waiting.
 IDLE_AFTER_REPLY_S = 1.0
 KERNEL_READY_TIMEOUT_S = 60.0
@@ -224,6 +225,15 @@ class KernelGatewayClient:
         response = await self._call("GET", f"/api/kernels/{self.kernel_id}")
         model: dict[str, Any] = response.json()
         return model
+
+    async def kernel_alive(self, timeout_s: float = IS_ALIVE_TIMEOUT_S) -> bool:
+        """The gateway answers and does not report the kernel dead (never raises)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                model = await self.kernel_model()
+        except (SandboxError, TimeoutError):
+            return False
+        return model.get("execution_state") != "dead"
 
     async def interrupt(self) -> None:
         await self._call("POST", f"/api/kernels/{self.kernel_id}/interrupt")

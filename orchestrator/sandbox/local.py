@@ -69,7 +69,6 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 TOKEN_BYTES = 32
 RUNTIME_DIR_PREFIX = "prime-agent-sbx-"
 GATEWAY_LOG_NAME = "gateway.log"
-IS_ALIVE_TIMEOUT_S = 2.0
 POOL_SESSION_ID = "pool"  # placeholder session of an idle pooled sandbox
 SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -213,12 +212,7 @@ class LocalSandbox(Sandbox):
     async def is_alive(self) -> bool:
         if self._stopped or self.child.proc.returncode is not None:
             return False
-        try:
-            async with asyncio.timeout(IS_ALIVE_TIMEOUT_S):
-                model = await self.client.kernel_model()
-        except (SandboxError, TimeoutError):
-            return False
-        return model.get("execution_state") != "dead"
+        return await self.client.kernel_alive()
 
     async def stop(self) -> None:
         if self._stopped:
