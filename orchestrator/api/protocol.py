@@ -65,6 +65,7 @@ __all__ = [
     "SendMessage",
     "ServerMessage",
     "Shutdown",
+    "WaitQuiet",
     "Welcome",
     "client_message_adapter",
     "command_adapter",
@@ -77,6 +78,8 @@ PROTOCOL_VERSION = 1
 
 # Identifiers (client ids, command ids, session references, capability names) are short tokens.
 MAX_API_BASE_CHARS = 2048
+WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
+WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
 # A hello listing more capabilities than this is a broken or hostile client.
 MAX_CAPABILITIES = 64
@@ -221,6 +224,17 @@ class GetUsage(_Command):
     tree: bool = False
 
 
+class WaitQuiet(_Command):
+    """Wait until the session's whole tree is quiet (nothing running, no input waiting) and
+    answer with its last turn's outcome: print mode through the daemon. ``release`` unloads
+    the tree afterwards (sandboxes stopped, state inactive; it reloads on demand)."""
+
+    type: Literal["wait_quiet"] = "wait_quiet"
+    session: Token
+    timeout_s: float = Field(default=WAIT_QUIET_DEFAULT_S, gt=0, le=WAIT_QUIET_MAX_S)
+    release: bool = False
+
+
 class Shutdown(_Command):
     MUTATING: ClassVar[bool] = True
     type: Literal["shutdown"] = "shutdown"
@@ -238,6 +252,7 @@ Command = Annotated[
     | Detach
     | SendMessage
     | GetUsage
+    | WaitQuiet
     | Shutdown,
     Field(discriminator="type"),
 ]
@@ -253,6 +268,7 @@ ClientMessage = Annotated[
     | Detach
     | SendMessage
     | GetUsage
+    | WaitQuiet
     | Shutdown,
     Field(discriminator="type"),
 ]
@@ -268,6 +284,7 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     Detach,
     SendMessage,
     GetUsage,
+    WaitQuiet,
     Shutdown,
 )
 COMMAND_TYPES: frozenset[str] = frozenset(

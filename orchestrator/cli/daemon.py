@@ -31,6 +31,7 @@ __all__ = [
     "DAEMON_STOP_TIMEOUT_S",
     "EXIT_NOT_RUNNING",
     "daemon_app",
+    "daemon_info",
 ]
 
 # Start-up is NATS + the store (well under a second) plus interpreter imports; a slow or loaded
@@ -52,7 +53,7 @@ daemon_app = typer.Typer(
 )
 
 
-def _ping() -> dict[str, Any] | None:
+def daemon_info() -> dict[str, Any] | None:
     """The daemon's ping answer, or None when nothing answers on the socket."""
     try:
         result = request_sync("ping", timeout=PING_TIMEOUT_S)
@@ -93,7 +94,7 @@ def _describe(info: dict[str, Any]) -> str:
 def start() -> None:
     from orchestrator.daemon.service import daemon_log_path
 
-    info = _ping()
+    info = daemon_info()
     if info is not None:
         typer.echo(f"daemon already running ({_describe(info)})")
         return
@@ -115,7 +116,7 @@ def start() -> None:
         )
     deadline = time.monotonic() + DAEMON_START_TIMEOUT_S
     while time.monotonic() < deadline:
-        info = _ping()
+        info = daemon_info()
         if info is not None and info.get("ready"):
             if info.get("pid") != proc.pid:
                 # We raced another `daemon start`; ours lost the socket lock and exits.
@@ -140,7 +141,7 @@ def stop(
         bool, typer.Option("--force", help="Abort running turns instead of refusing.")
     ] = False,
 ) -> None:
-    info = _ping()
+    info = daemon_info()
     if info is None:
         typer.echo(f"daemon not running (socket {default_socket_path()})")
         return
@@ -167,7 +168,7 @@ def stop(
 
 @daemon_app.command("status", help="Is the daemon running? pid, socket, sessions, uptime.")
 def status() -> None:
-    info = _ping()
+    info = daemon_info()
     if info is None:
         typer.echo(f"daemon not running (socket {default_socket_path()})")
         raise typer.Exit(EXIT_NOT_RUNNING)

@@ -17,6 +17,7 @@ from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, fail, gua
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.errors import UserError
 from orchestrator.paths import Paths
+from orchestrator.settings import Settings
 
 __all__ = ["Mode", "run"]
 
@@ -78,6 +79,10 @@ def run(
             help="Let sandboxes reach the network (default: no network; docker only).",
         ),
     ] = False,
+    no_daemon: Annotated[
+        bool,
+        typer.Option("--no-daemon", help="Run in this process even when a daemon is running."),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
@@ -92,10 +97,40 @@ def run(
     if not workdir.is_dir():
         fail(f"--cwd {workdir} is not a directory")
     code = guarded(
-        lambda: _run(text, model, api_base, workdir.resolve(), backend.value, mode, debug, network),
+        lambda: _run(
+            text, model, api_base, workdir.resolve(), backend.value, mode, debug, network, no_daemon
+        ),
         debug=debug,
     )
     raise SystemExit(code)
+
+
+def _through_daemon(
+    text: str,
+    model_sel: str | None,
+    api_base: str | None,
+    cwd: Path,
+    backend: str,
+    mode: Mode,
+    settings: Settings,
+) -> int:
+    from orchestrator.cli.via_daemon import run_via_daemon
+
+    try:
+        return asyncio.run(
+            run_via_daemon(
+                text=text,
+                model=model_sel,
+                api_base=api_base,
+                cwd=cwd,
+                backend=backend,
+                json_mode=mode is Mode.json,
+                wait_timeout_s=settings.family_wait_timeout_s,
+            )
+        )
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("prime-agent: interrupted; the session history is kept", file=sys.stderr)
+        return EXIT_ABORTED
 
 
 def _run(
@@ -107,7 +142,9 @@ def _run(
     mode: Mode,
     debug: bool,
     network: bool = False,
+    no_daemon: bool = False,
 ) -> int:
+    from orchestrator.cli.daemon import daemon_info
     from orchestrator.models.lite import preload_in_background
     from orchestrator.models.registry import resolve_model
     from orchestrator.sessions.runner import RunOptions, run_session
@@ -115,6 +152,9 @@ def _run(
 
     paths = Paths.from_env()
     settings = load_settings(paths.config_file)
+    if not no_daemon and daemon_info() is not None:
+        # A running daemon owns the database: go through it (same output, same exit codes).
+        return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings)
     # Resolve before starting anything: a bad model or missing key is a one-line error.
     resolved = resolve_model(model_sel, settings, api_base=api_base)
     preload_in_background()

@@ -42,13 +42,19 @@ from orchestrator.api.protocol import (
     Prompt,
     SendMessage,
     Shutdown,
+    WaitQuiet,
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
 from orchestrator.errors import UserError
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.live import Inbound, LiveSession
-from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
+from orchestrator.sessions.manager import (
+    TERMINAL_STATES,
+    FamilyTimeout,
+    Orchestrator,
+    SessionNotLoadable,
+)
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import UserMessagePayload
@@ -186,9 +192,33 @@ class DaemonHandler(CommandHandler):
                 return {"detached": True, "session": command.session}
             case GetUsage():
                 return await self._usage(command.session, command.tree)
+            case WaitQuiet():
+                return await self._wait_quiet(command.session, command.timeout_s, command.release)
             case Shutdown():
                 return self._shutdown(command.force)
         raise AssertionError(f"unhandled command {command.type}")  # pragma: no cover
+
+    async def _wait_quiet(self, selector: str, timeout_s: float, release: bool) -> JsonObject:
+        """Print mode through the daemon: the tree's quiet point and the root's last outcome."""
+        live = await self._live(selector)
+        orch = self.daemon.orch
+        try:
+            await orch.wait_quiet(live.record.root_id, timeout_s)
+        except FamilyTimeout as exc:
+            raise ApiCommandError(E_BUSY, str(exc)) from None
+        outcome = live.last_outcome
+        error = outcome.error if outcome is not None else None
+        result: JsonObject = {
+            "session": live.id,
+            "reason": outcome.reason if outcome is not None else "none",
+            "final_text": outcome.final_text if outcome is not None else "",
+            "error": str(error) if error is not None else None,
+            # The CLI maps this to exit code 2 (the user can fix it), as in-process runs do.
+            "user_error": isinstance(error, UserError),
+        }
+        if release and live.record.parent_id is None:
+            await orch.unload(live)
+        return result
 
     async def snapshot(self, client: ClientInfo, session: str) -> SessionSnapshot | None:
         """A slow client that was resynced gets the same tail an attach without cursor gets."""

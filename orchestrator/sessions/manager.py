@@ -639,6 +639,25 @@ class Orchestrator:
                 f"(still busy: {', '.join(busy[:5])})"
             ) from None
 
+    async def unload(self, live: LiveSession) -> None:
+        """Take a quiet session and its loaded descendants out of memory (SPEC.md: inactive).
+
+        Sandboxes stop and NATS users go; everything else is on disk, and ``load_session``
+        brings the session back when a prompt, message or attach needs it.
+        """
+        for child in [s for s in self.sessions.values() if s.record.parent_id == live.id]:
+            await self.unload(child)
+        if live.driver is not None and not live.driver.done():
+            live.driver.cancel()
+            await asyncio.wait({live.driver})
+        await self._stop_sandbox(live)
+        if self.bus is not None:
+            with contextlib.suppress(Exception):
+                await self.bus.forget(live.id)
+        if live.state in ("idle", "running"):
+            await self._set_state(live, "inactive")
+        self.sessions.pop(live.id, None)
+
     async def abort_turn(self, live: LiveSession) -> bool:
         """Stop the running turn; the session stays loaded, idle and ready for more input.
 

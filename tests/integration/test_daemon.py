@@ -369,3 +369,27 @@ async def _replays() -> None:
 
 def test_attach_replays_a_bounded_tail() -> None:
     asyncio.run(_replays())
+
+
+def test_print_mode_goes_through_a_running_daemon(daemon: int, model: FakeModelServer) -> None:
+    """The daemon owns the database: `-p` talks to it and behaves as in-process (issue 5)."""
+    proc = cli(["-p", "what is 6*7?", "--model", "openai/fake"], timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "The answer is 42.\n"
+    # JSON mode through the daemon: the header, then durable events in order, to the last one.
+    model.load(SCRIPT)
+    proc = cli(["-p", "again", "--mode", "json", "--model", "openai/fake"], timeout=CLI_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert lines[0]["type"] == "session"
+    seqs = [e["seq"] for e in lines[1:]]
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert lines[-1]["type"] in ("assistant_message", "usage")
+    # A bad model is still one line and exit 2, answered by the daemon.
+    bad = cli(["-p", "x", "--model", "nosuch/model"], timeout=CLI_TIMEOUT_S)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stderr.count("\n") == 1
+    # The released sessions are inactive: their sandboxes are gone, their history is not.
+    assert daemon_cli("stop").returncode == 0
+    listing = cli(["agents", "--json"])
+    statuses = sorted(root["status"] for root in json.loads(listing.stdout))
+    assert statuses == ["inactive", "inactive"]

@@ -52,6 +52,7 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "detach", "command_id": "8", "session": "s-x"},
     {"type": "send_message", "command_id": "9", "session": "s-x", "text": "yo"},
     {"type": "get_usage", "command_id": "10", "tree": True},
+    {"type": "wait_quiet", "command_id": "12", "session": "s-x", "timeout_s": 5, "release": True},
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
