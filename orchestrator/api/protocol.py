@@ -241,7 +241,8 @@ class Shutdown(_Command):
     force: bool = False
 
 
-Command = Annotated[
+# One list of commands; the client-side union adds the handshake to it.
+_Commands = (
     Ping
     | ListSessions
     | GetSession
@@ -253,25 +254,10 @@ Command = Annotated[
     | SendMessage
     | GetUsage
     | WaitQuiet
-    | Shutdown,
-    Field(discriminator="type"),
-]
-ClientMessage = Annotated[
-    Hello
-    | Ping
-    | ListSessions
-    | GetSession
-    | CreateSession
-    | Prompt
-    | Abort
-    | Attach
-    | Detach
-    | SendMessage
-    | GetUsage
-    | WaitQuiet
-    | Shutdown,
-    Field(discriminator="type"),
-]
+    | Shutdown
+)
+Command = Annotated[_Commands, Field(discriminator="type")]
+ClientMessage = Annotated[Hello | _Commands, Field(discriminator="type")]
 
 _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     Ping,
