@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONNECT_DEADLINE_S",
+    "HostBound",
     "HostClient",
     "HostConfig",
     "decode_reply",
@@ -375,3 +376,14 @@ async def host_request(
 ) -> Any:
     """Send one host request with the default client and return its result."""
     return await default_client().request(request_type, args, timeout=timeout)
+
+
+class HostBound:
+    """Base of the runtime's API objects (``rlm``, ``agent_message``, ``agent_observe``): they
+    use the process-wide client unless a test hands them one."""
+
+    def __init__(self, client: HostClient | None = None) -> None:
+        self._client_override = client
+
+    def _client(self) -> HostClient:
+        return self._client_override or default_client()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.runtime.errors import InvalidArgument
-from orchestrator.runtime.host import HostClient, default_client
+from orchestrator.runtime.host import HostBound
 from orchestrator.runtime.rlm import (
     as_items,
     as_object,
@@ -224,17 +224,11 @@ def _observe_target(where: str, value: object) -> str:
 # --- agent_message ----------------------------------------------------------------------------
 
 
-class AgentMessage:
+class AgentMessage(HostBound):
     """``await agent_message.send(message, receiver_role="parent", receiver_name=None,
     mode="steer")`` and ``await agent_message.list_agents()``."""
 
     SEND_KWARGS = ("receiver_role", "receiver_name", "mode")
-
-    def __init__(self, client: HostClient | None = None) -> None:
-        self._client_override = client
-
-    def _client(self) -> HostClient:
-        return self._client_override or default_client()
 
     def __repr__(self) -> str:
         return (
@@ -309,14 +303,8 @@ class AgentMessage:
 # --- agent_observe ----------------------------------------------------------------------------
 
 
-class AgentObserve:
+class AgentObserve(HostBound):
     """Read-only views of family members: ``list()``, ``get(target)``, ``recent(target)``."""
-
-    def __init__(self, client: HostClient | None = None) -> None:
-        self._client_override = client
-
-    def _client(self) -> HostClient:
-        return self._client_override or default_client()
 
     def __repr__(self) -> str:
         return (

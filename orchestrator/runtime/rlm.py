@@ -32,7 +32,7 @@ from orchestrator.runtime.errors import (
     QueryBatchError,
     error_from_reply,
 )
-from orchestrator.runtime.host import HostClient, default_client
+from orchestrator.runtime.host import HostBound
 
 __all__ = [
     "FIND_MODELS_DEFAULT_LIMIT",
@@ -232,7 +232,7 @@ def _child_target(value: object) -> str:
 # --- the rlm object ---------------------------------------------------------------------------
 
 
-class Rlm:
+class Rlm(HostBound):
     """``await rlm(prompt, ...)`` spawns a subagent; the methods manage them.
 
     - ``await rlm(prompt, name=None, model=None, thinking=None, budget=None)`` (or
@@ -245,12 +245,6 @@ class Rlm:
     """
 
     RUN_KWARGS = ("name", "model", "thinking", "budget")
-
-    def __init__(self, client: HostClient | None = None) -> None:
-        self._client_override = client
-
-    def _client(self) -> HostClient:
-        return self._client_override or default_client()
 
     def __repr__(self) -> str:
         return (
