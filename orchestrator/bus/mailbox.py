@@ -15,6 +15,11 @@ Guarantee: at-least-once, across orchestrator crashes and nats-server restarts.
   leaves them in the mailbox, so the next ``take`` returns them again and the caller drops the
   ones it already has by message id: exactly-once entry is the caller's job.
 
+Namespaces: on a server several orchestrators share (an external server, ``--nats-url``), each
+keeps its mailboxes under its own ``pa.mbox.<namespace>.<session_id>`` in the one stream (whose
+subjects are then ``pa.mbox.>``), so one orchestrator's listing and purges never touch another's
+messages, and the account reserves storage for one stream only.
+
 Why reads by subject instead of a durable pull consumer per session: a consumer redelivers an
 un-acked message only after its ack-wait expires, so an orchestrator restarting after a crash
 would wait that long for its own in-flight messages, and every session would carry consumer
@@ -30,6 +35,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +57,7 @@ __all__ = [
     "TAKE_DEFAULT_MAX",
     "Mailbox",
     "MailboxMessage",
+    "mailbox_prefix",
     "mailbox_subject",
 ]
 
@@ -62,6 +69,7 @@ MAILBOX_MAX_MESSAGE_BYTES = 64 * 1024  # SPEC: 16 KiB of text per message, plus 
 MAILBOX_MAX_BYTES = 256 * 1024 * 1024  # the whole stream; beyond it new puts are refused
 MAILBOX_DUPLICATE_WINDOW_S = 120.0  # a put retried within this is stored once
 MESSAGE_ID_MAX_CHARS = 128
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one subject token
 TAKE_DEFAULT_MAX = 100
 JS_API_TIMEOUT_S = 5.0
 MSG_ID_HEADER = "Nats-Msg-Id"
@@ -73,10 +81,19 @@ _STATUS_NOT_FOUND = "404"  # direct get: nothing pending
 BATCH_GET_MIN_SERVER = (2, 11)
 
 
-def mailbox_subject(session_id: str) -> str:
+def mailbox_prefix(namespace: str | None = None) -> str:
+    """``pa.mbox``, or ``pa.mbox.<namespace>`` for an orchestrator sharing its server."""
+    if namespace is None:
+        return MAILBOX_SUBJECT_PREFIX
+    if not isinstance(namespace, str) or not NAMESPACE_RE.match(namespace):
+        raise ValueError(f"bad mailbox namespace {str(namespace)[:80]!r}")
+    return f"{MAILBOX_SUBJECT_PREFIX}.{namespace}"
+
+
+def mailbox_subject(session_id: str, namespace: str | None = None) -> str:
     if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
         raise ValueError(f"not a session id: {str(session_id)[:80]!r}")
-    return f"{MAILBOX_SUBJECT_PREFIX}.{session_id}"
+    return f"{mailbox_prefix(namespace)}.{session_id}"
 
 
 @dataclass(frozen=True)
@@ -98,9 +115,12 @@ class Mailbox:
         nc: NatsClient,
         *,
         stream: str = MAILBOX_STREAM,
+        namespace: str | None = None,
         timeout_s: float = JS_API_TIMEOUT_S,
         duplicate_window_s: float = MAILBOX_DUPLICATE_WINDOW_S,
     ) -> None:
+        self.namespace = namespace
+        self.prefix = mailbox_prefix(namespace)
         self._nc = nc
         self._js = nc.jetstream(timeout=timeout_s)
         self._jsm = nc.jsm(timeout=timeout_s)
@@ -112,7 +132,8 @@ class Mailbox:
         """Create the stream, or bring an existing one to this configuration (idempotent)."""
         config = StreamConfig(
             name=self._stream,
-            subjects=[f"{MAILBOX_SUBJECT_PREFIX}.*"],
+            # Namespaced mailboxes share the stream: pa.mbox.<namespace>.<session_id>.
+            subjects=[f"{MAILBOX_SUBJECT_PREFIX}.{'*' if self.namespace is None else '>'}"],
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             discard=DiscardPolicy.NEW,
@@ -135,7 +156,7 @@ class Mailbox:
     async def put(self, session_id: str, message: Mapping[str, Any]) -> int:
         """Store ``message`` (a JSON object with a string ``id``) for ``session_id``; returns
         its stream sequence (the first one's, if this id was put before within the window)."""
-        subject = mailbox_subject(session_id)
+        subject = mailbox_subject(session_id, self.namespace)
         message_id = message.get("id")
         if (
             not isinstance(message_id, str)
@@ -167,7 +188,7 @@ class Mailbox:
     async def take(self, session_id: str, *, max: int = TAKE_DEFAULT_MAX) -> list[MailboxMessage]:
         """Up to ``max`` pending messages for ``session_id``, oldest first, left in place until
         ``ack``. Returns [] when there are none."""
-        subject = mailbox_subject(session_id)
+        subject = mailbox_subject(session_id, self.namespace)
         if max < 1:
             raise ValueError("max must be at least 1")
         try:
@@ -259,7 +280,7 @@ class Mailbox:
     async def ack_through(self, session_id: str, seq: int) -> None:
         """Remove every message for ``session_id`` up to and including ``seq`` in one request:
         the usual ack after recording a whole ``take`` in order."""
-        subject = mailbox_subject(session_id)
+        subject = mailbox_subject(session_id, self.namespace)
         try:
             await self._jsm.purge_stream(self._stream, seq=seq + 1, subject=subject)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
@@ -281,16 +302,25 @@ class Mailbox:
 
     async def pending(self, session_id: str) -> int:
         """How many messages wait for ``session_id`` (for the per-target quota)."""
-        subject = mailbox_subject(session_id)
+        subject = mailbox_subject(session_id, self.namespace)
         try:
             info = await self._jsm.stream_info(self._stream, subjects_filter=subject)
         except (nats.errors.Error, OSError, TimeoutError) as exc:
             raise BusError(f"cannot count the mailbox of {session_id}: {exc}") from exc
         return int((info.state.subjects or {}).get(subject, 0))
 
+    async def purge_namespace(self) -> None:
+        """Drop every pending message in this namespace (a print-mode run ending)."""
+        if self.namespace is None:
+            raise ValueError("purge_namespace() needs a namespace")
+        try:
+            await self._jsm.purge_stream(self._stream, subject=f"{self.prefix}.>")
+        except (nats.errors.Error, OSError, TimeoutError) as exc:
+            raise BusError(f"cannot purge the mailboxes of {self.namespace}: {exc}") from exc
+
     async def purge(self, session_id: str) -> None:
         """Drop every pending message for ``session_id`` (the session was deleted)."""
-        subject = mailbox_subject(session_id)
+        subject = mailbox_subject(session_id, self.namespace)
         try:
             await self._jsm.purge_stream(self._stream, subject=subject)
         except (nats.errors.Error, OSError, TimeoutError) as exc:

@@ -23,6 +23,8 @@ __all__ = [
     "ENV_HOST_SUBJECT",
     "ENV_INBOX_PREFIX",
     "ENV_MAX_DEPTH",
+    "ENV_NATS_JWT",
+    "ENV_NATS_NKEY_SEED",
     "ENV_NATS_PASSWORD",
     "ENV_NATS_URL",
     "ENV_NATS_USER",
@@ -51,6 +53,9 @@ MAX_REQUEST_BYTES = 1024 * 1024
 ENV_NATS_URL = "PRIME_AGENT_NATS_URL"
 ENV_NATS_USER = "PRIME_AGENT_NATS_USER"
 ENV_NATS_PASSWORD = "PRIME_AGENT_NATS_PASSWORD"
+# External server (decentralized auth): a user JWT and its nkey seed instead of user/password.
+ENV_NATS_JWT = "PRIME_AGENT_NATS_JWT"
+ENV_NATS_NKEY_SEED = "PRIME_AGENT_NATS_NKEY_SEED"
 ENV_SESSION_ID = "PRIME_AGENT_SESSION_ID"
 ENV_HOST_SUBJECT = "PRIME_AGENT_HOST_SUBJECT"
 ENV_INBOX_PREFIX = "PRIME_AGENT_INBOX_PREFIX"
@@ -71,6 +76,11 @@ REQUEST_TYPES = frozenset(
         "agent_observe.list",
         "agent_observe.get",
         "agent_observe.recent",
+        "history.search",
+        "history.get",
+        "history.tail",
+        "compact.run",
+        "compact.status",
     }
 )
 

@@ -12,6 +12,11 @@ the load later) to ``pa.host.*``. For each request it:
 4. runs the handler registered for the request type in its own task, bounded per session, and
    replies with a ``HostReply``.
 
+On a server shared with other orchestrators (an external server) the router is made with
+``per_session=True``: instead of ``pa.host.*`` it listens on ``pa.host.<sid>`` for each session
+added with ``add_session`` (before its credentials are handed out), so it never takes another
+orchestrator's requests, and ``remove_session`` ends a session's access at once.
+
 A handler raising ``HostRequestError`` becomes an error reply with that code; any other failure
 becomes ``internal`` and is logged. Nothing a request or handler does stops the router.
 """
@@ -118,8 +123,10 @@ class HostRouter:
         max_in_flight_total: int = MAX_IN_FLIGHT_TOTAL,
         handler_timeout_s: float = HANDLER_TIMEOUT_S,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        per_session: bool = False,
     ) -> None:
         self._nc = nc
+        self.per_session = per_session
         self._queue = queue
         self._max_per_session = max_in_flight_per_session
         self._max_total = max_in_flight_total
@@ -128,7 +135,8 @@ class HostRouter:
         self._handlers: dict[str, Handler] = {}
         self._in_flight: defaultdict[str, int] = defaultdict(int)
         self._total_in_flight = 0
-        self._sub: Subscription | None = None
+        # "*" -> the pa.host.* subscription; else session id -> its pa.host.<sid> subscription.
+        self._subs: dict[str, Subscription] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -161,16 +169,48 @@ class HostRouter:
         self._serve_task = asyncio.create_task(self._serve(ready), name="host-router")
         await ready.wait()
         self._accepting = True  # before subscribing: the first request may arrive at once
+        if self.per_session:
+            return
         try:
-            self._sub = await self._nc.subscribe(
-                f"{HOST_SUBJECT_PREFIX}.*", queue=self._queue, cb=self._on_message
+            await self._subscribe("*")
+        except BusError:
+            await self.close()
+            raise
+
+    async def _subscribe(self, key: str) -> None:
+        try:
+            self._subs[key] = await self._nc.subscribe(
+                f"{HOST_SUBJECT_PREFIX}.{key}", queue=self._queue, cb=self._on_message
             )
-            # Make sure the server has the subscription before start() returns, so a request
-            # sent right after is not lost to "no responders".
+            # Make sure the server has the subscription before we return, so a request sent
+            # right after is not lost to "no responders".
             await self._nc.flush()
         except (nats.errors.Error, OSError, TimeoutError) as exc:
-            await self.close()
+            self._subs.pop(key, None)
             raise BusError(f"cannot subscribe the host router: {exc}") from exc
+
+    async def add_session(self, session_id: str) -> None:
+        """``per_session`` routers: start answering ``session_id`` (idempotent)."""
+        if not SESSION_ID_RE.match(session_id):
+            raise ValueError(f"not a session id: {session_id[:80]!r}")
+        if not self.per_session or session_id in self._subs:
+            return
+        if not self._accepting:
+            raise BusError("the host router is not running")
+        await self._subscribe(session_id)
+
+    async def remove_session(self, session_id: str) -> None:
+        """``per_session`` routers: stop answering ``session_id`` (its requests find no one)."""
+        sub = self._subs.pop(session_id, None) if session_id != "*" else None
+        if sub is not None:
+            with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
+                await sub.unsubscribe()
+                # In effect at the server on return: a request sent next finds no responder.
+                await self._nc.flush()
+
+    def sessions(self) -> list[str]:
+        """The sessions a ``per_session`` router answers."""
+        return sorted(key for key in self._subs if key != "*")
 
     async def _serve(self, ready: asyncio.Event) -> None:
         # Every handler task lives in this group: close() waits for them, then cancels leftovers.
@@ -183,8 +223,8 @@ class HostRouter:
     async def close(self, grace_s: float = CLOSE_GRACE_S) -> None:
         """Stop receiving, let in-flight requests finish for ``grace_s``, cancel the rest."""
         self._accepting = False
-        if self._sub is not None:
-            sub, self._sub = self._sub, None
+        subs, self._subs = list(self._subs.values()), {}
+        for sub in subs:
             with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
                 await sub.unsubscribe()
         self._stopping.set()

@@ -21,8 +21,9 @@ adopts it instead of starting another (a daemon restarting under its own sandbox
 started with ``die_with_parent`` by another, still-live process is refused: it would vanish with
 that process.
 
-``ExternalNats`` is the ``--nats-url`` shape: we connect as an admin we were given and start
-nothing; per-session users on a server we do not own are not implemented yet.
+``ExternalNats`` connects to a server we do not own as an admin we were given, and cannot issue
+session users there. The ``--nats-url`` mode is ``orchestrator.bus.external.DecentralizedNats``:
+an operator-mode server, where we mint per-session user JWTs with an account signing key.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from orchestrator.bus.credentials import (
     ADMIN_INBOX_PREFIX,
     CONNECT_TIMEOUT_S,
     PRIVATE_FILE_MODE,
+    AdminConnector,
     AdminCredentials,
     SessionCredentials,
     check_session_id,
@@ -134,7 +136,7 @@ class BusServer(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def admin(self) -> AdminCredentials: ...
+    def admin(self) -> AdminConnector: ...
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -164,7 +166,9 @@ class BusServer(abc.ABC):
 
 
 class ExternalNats(BusServer):
-    """A NATS server someone else runs (``--nats-url``): we only connect as its admin."""
+    """A NATS server someone else runs, reached with a plain user/password admin: we connect
+    and start nothing, and cannot issue session users. ``--nats-url`` uses the operator-mode
+    ``orchestrator.bus.external.DecentralizedNats`` instead, which can."""
 
     def __init__(self, url: str, *, admin_user: str, admin_password: str) -> None:
         self._admin = AdminCredentials(url=url, user=admin_user, password=admin_password)
@@ -706,6 +710,10 @@ class EmbeddedNats(BusServer):
             "authorization": {"users": users},
         }
         return json.dumps(config, indent=1).encode()
+
+    def running_pid(self) -> int | None:
+        """The pid of this instance's nats-server when one runs (``prime-agent doctor``)."""
+        return self._running_pid()
 
     def _running_pid(self) -> int | None:
         """The pid from the pid file if that process is our nats-server, else None."""

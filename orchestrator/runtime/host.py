@@ -21,6 +21,7 @@ exception for its code (``orchestrator/runtime/errors.py``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import json
@@ -85,6 +86,9 @@ class HostConfig:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout_s: float = wire.HOST_REQUEST_TIMEOUT_S
+    # External NATS server (operator mode): a user JWT and the nkey seed that signs the nonce.
+    jwt: str | None = field(default=None, repr=False)
+    nkey_seed: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HostConfig:
@@ -105,7 +109,32 @@ class HostConfig:
             user=env.get(wire.ENV_NATS_USER) or None,
             password=env.get(wire.ENV_NATS_PASSWORD) or None,
             timeout_s=_parse_timeout(env.get(wire.ENV_REQUEST_TIMEOUT_S)),
+            jwt=env.get(wire.ENV_NATS_JWT, "").strip() or None,
+            nkey_seed=env.get(wire.ENV_NATS_NKEY_SEED, "").strip() or None,
         )
+
+    def auth_options(self) -> dict[str, Any]:
+        """nats-py ``connect`` options that log in: user JWT + nonce signature, or password."""
+        if not self.jwt:
+            return {"user": self.user, "password": self.password}
+        if not self.nkey_seed:
+            raise HostUnavailable(f"{wire.ENV_NATS_JWT} is set without {wire.ENV_NATS_NKEY_SEED}")
+        try:
+            import nkeys
+        except ImportError:
+            raise HostUnavailable(
+                "this sandbox lacks the nkeys package, which NATS JWT credentials need"
+            ) from None
+        token, seed = self.jwt.encode("ascii"), self.nkey_seed
+
+        def _signature(nonce: str) -> bytes:
+            pair = nkeys.from_seed(bytearray(seed.encode("ascii")))
+            try:
+                return base64.b64encode(pair.sign(nonce.encode("ascii")))
+            finally:
+                pair.wipe()
+
+        return {"user_jwt_cb": lambda: token, "signature_cb": _signature}
 
 
 def _parse_timeout(raw: str | None) -> float:
@@ -308,8 +337,7 @@ class HostClient:
             await asyncio.wait_for(
                 nc.connect(
                     servers=[config.url],
-                    user=config.user,
-                    password=config.password,
+                    **config.auth_options(),
                     inbox_prefix=config.inbox_prefix,
                     name=f"{CONNECTION_NAME_PREFIX}:{config.session_id}",
                     error_cb=on_error,
