@@ -1,4 +1,8 @@
-"""``prime-agent images build [session|rust|cuda]``: build the session images offline."""
+"""``prime-agent images build [session|rust|cuda|base-offline]``: build the session images
+offline, and ``prime-agent images list``: which are there.
+
+A cuda build whose CUDA base is neither local nor pullable is skipped: one line saying why,
+exit status 0 (nothing is wrong with the installation; docs/images.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +30,11 @@ class ImageChoice(StrEnum):
     base_offline = "base-offline"
 
 
-@images_app.command("build", help="Build an image (default: session, on the offline base).")
+@images_app.command(
+    "build",
+    help="Build an image (default: session, on the offline base); cuda is skipped "
+    "with the reason when its base image is neither here nor pullable.",
+)
 def build(
     kind: Annotated[ImageChoice, typer.Argument(help="session, rust, cuda or base-offline.")] = (
         ImageChoice.session
@@ -35,6 +43,10 @@ def build(
         str | None,
         typer.Option("--base", help="Base image (e.g. python:3.11-slim-bookworm, or a CUDA base)."),
     ] = None,
+    pull: Annotated[
+        bool,
+        typer.Option("--pull/--no-pull", help="cuda: try docker pull when the base is not here."),
+    ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     from orchestrator.sandbox import images
@@ -45,8 +57,34 @@ def build(
     def run() -> images.BuildResult:
         if kind is ImageChoice.base_offline:
             return images.build_base_offline(base or images.BASE_OFFLINE_TAG)
-        return images.build_image(kind.value, base=base, progress=progress)  # type: ignore[arg-type]
+        return images.build_image(kind.value, base=base, pull=pull, progress=progress)  # type: ignore[arg-type]
 
     result = guarded(run, debug=debug)
     timing = f" in {result.seconds:.0f} s" if result.built else ""
     typer.echo(f"{result.kind}: {result.tag}: {result.message}{timing}")
+
+
+@images_app.command("list", help="The session images and whether each is built and current.")
+def list_images(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    from orchestrator.sandbox import images
+
+    def run() -> list[str]:
+        client = images.docker_client()
+        lines = []
+        for kind in images.IMAGE_NAMES:
+            tag = images.image_tag(kind)
+            if not images.image_exists(tag, client):
+                state = "not built"
+            elif images.image_label(tag, images.SOURCE_HASH_LABEL, client) == images.source_hash(
+                kind
+            ):
+                state = "built"
+            else:
+                state = "built, stale (sources changed)"
+            lines.append(f"{kind:<8} {tag:<36} {state}")
+        return lines
+
+    for line in guarded(run, debug=debug):
+        typer.echo(line)

@@ -11,22 +11,54 @@ Conformance tests in ``tests/integration/test_sandbox_conformance.py`` run again
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol
+
+from orchestrator.errors import SandboxError
 
 __all__ = [
+    "WORKSPACE_MODES",
     "CellError",
     "CellResult",
     "CellStatus",
+    "ResourceLimits",
     "Sandbox",
     "SandboxBackend",
+    "SandboxListener",
     "SandboxRef",
     "SandboxSpec",
+    "SilentRunner",
+    "WorkspaceMode",
 ]
 
+log = logging.getLogger(__name__)
+
 CellStatus = Literal["ok", "error", "timeout", "aborted", "kernel_died"]
+
+# How the session's project directory reaches its sandbox (docs/docker.md, "Workspace modes"):
+# rw bind, ro bind, or a private copy synced back when the sandbox stops.
+WorkspaceMode = Literal["rw", "ro", "copy"]
+WORKSPACE_MODES: tuple[WorkspaceMode, ...] = ("rw", "ro", "copy")
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """A sandbox's limits (containers); a field left None takes the backend's default."""
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+
+    def over(self, default: ResourceLimits) -> ResourceLimits:
+        """These limits, with ``default``'s value wherever one of ours is None."""
+        return ResourceLimits(
+            memory_bytes=default.memory_bytes if self.memory_bytes is None else self.memory_bytes,
+            cpus=default.cpus if self.cpus is None else self.cpus,
+            pids=default.pids if self.pids is None else self.pids,
+        )
 
 
 @dataclass(frozen=True)
@@ -39,7 +71,18 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)  # extra kernel env (no secrets!)
     labels: Mapping[str, str] = field(default_factory=dict)
     # True for runs without a daemon: the gateway and kernel die when this process dies.
+    # False for the daemon's sandboxes: they outlive a daemon crash and the next daemon adopts
+    # them (the backend reports them to its ``listener``, which records them).
     die_with_parent: bool = True
+    # The session's sandbox policy; None = the backend's default (Settings.sandbox). A child's
+    # spec copies its parent's unless the spawn says otherwise.
+    image: str | None = None  # "session", "rust", "cuda" or an image tag (docker only)
+    workspace: WorkspaceMode | None = None
+    limits: ResourceLimits | None = None
+    # Host directory for the session's namespace snapshots (docs/snapshots.md); None = no
+    # snapshots. A local kernel uses it as it is; a docker container has it mounted at a fixed
+    # path (``Sandbox.kernel_snapshot_dir``).
+    snapshot_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -50,8 +93,25 @@ class SandboxRef:
     ref: str  # backend-specific: pid, container id, pod name
     session_id: str
     url: str  # kernel gateway base URL, e.g. http://127.0.0.1:PORT
-    kernel_id: str
+    kernel_id: str  # "" while the sandbox is starting
     token: str = field(repr=False)
+    # Host-side private directory of the sandbox (local: the gateway's runtime dir; docker: the
+    # directory holding its sockets); removed with the sandbox.
+    runtime_dir: str = ""
+
+
+class SandboxListener(Protocol):
+    """Told about every sandbox whose ``SandboxSpec.die_with_parent`` is False: the daemon
+    records them so that its successor can adopt them (``orchestrator/sessions/adoption.py``).
+
+    ``sandbox_up`` comes as soon as there is something to clean up (a process, a container;
+    ``kernel_id`` still empty), again when the kernel is ready and when a pooled sandbox is
+    handed to a session; ``sandbox_down`` after the sandbox is gone. Neither may raise.
+    """
+
+    async def sandbox_up(self, ref: SandboxRef) -> None: ...
+
+    async def sandbox_down(self, ref: SandboxRef) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -78,10 +138,37 @@ class CellResult:
     notice: str = ""  # e.g. "cell timed out after 600 s; kernel restarted, namespace lost"
 
 
+class SilentRunner(Protocol):
+    """Runs host code in the kernel silently (no history, no output, not a model cell) and
+    returns the ``execute_reply`` content; raises ``SandboxError`` when it fails."""
+
+    def __call__(
+        self,
+        code: str,
+        *,
+        user_expressions: Mapping[str, str] | None = ...,
+        timeout_s: float,
+    ) -> Awaitable[dict[str, Any]]: ...
+
+
 class Sandbox(abc.ABC):
     """One session's REPL. Executions are serialized by the caller (one cell at a time)."""
 
     ref: SandboxRef
+    # Awaited after every kernel (re)start inside this sandbox once the session's cwd and env
+    # are in place, before any cell runs there: the gateway's restart of a dead kernel, a
+    # timeout's restart, a replaced container. It gets a runner that takes no lock (it runs
+    # inside an execution). The session manager revives the namespace here (docs/snapshots.md).
+    after_kernel_start: Callable[[SilentRunner], Awaitable[None]] | None = None
+    # Where this sandbox's kernel sees ``spec.snapshot_dir``; None = at the host's path (a local
+    # kernel). The docker backend mounts it at one fixed path in every container.
+    kernel_snapshot_dir: str | None = None
+
+    async def run_silent(
+        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
+    ) -> dict[str, Any]:
+        """Run host code between cells (serialized with them), silently; see ``SilentRunner``."""
+        raise SandboxError(f"{type(self).__name__} cannot run host code")
 
     @abc.abstractmethod
     async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
@@ -108,6 +195,8 @@ class Sandbox(abc.ABC):
 
 class SandboxBackend(abc.ABC):
     name: str
+    # Set by the daemon before the first ``create``; None = nothing is recorded (print mode).
+    listener: SandboxListener | None = None
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
@@ -116,3 +205,37 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Stop every sandbox this backend object started and still owns (pool included)."""
+
+    async def adopt(self, ref: SandboxRef, spec: SandboxSpec) -> Sandbox:
+        """Re-attach to a sandbox a previous orchestrator started (``ref`` as its listener was
+        told) for the session of ``spec``; its kernel (namespace included) is kept. A kernel in
+        the middle of a cell is interrupted first. Raises ``SandboxError`` when the sandbox is
+        gone or does not answer; the caller then ``remove``s it. The adopted sandbox is owned
+        by this backend from now on (``close`` stops it)."""
+        raise SandboxError(f"the {self.name} backend cannot adopt sandboxes")
+
+    async def remove(self, ref: SandboxRef) -> None:
+        """Remove what is left of a recorded sandbox that is not adopted (never raises for a
+        sandbox that is already gone)."""
+        return None
+
+    async def remove_unknown(self, known: set[str]) -> int:
+        """Remove sandboxes this daemon's predecessors started that carry our labels but are
+        not among ``known`` (recorded refs); returns how many were removed."""
+        return 0
+
+    async def _report_up(self, ref: SandboxRef) -> None:
+        if self.listener is not None:
+            await _quietly(self.listener.sandbox_up(ref), "recording", ref)
+
+    async def _report_down(self, ref: SandboxRef) -> None:
+        if self.listener is not None:
+            await _quietly(self.listener.sandbox_down(ref), "forgetting", ref)
+
+
+async def _quietly(work: Awaitable[None], what: str, ref: SandboxRef) -> None:
+    # A failed record costs adoption after a crash, never the sandbox itself.
+    try:
+        await work
+    except Exception:
+        log.exception("%s sandbox %s/%s failed", what, ref.backend, ref.ref)

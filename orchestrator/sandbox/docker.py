@@ -26,38 +26,86 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import secrets
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import httpx
 
-from orchestrator.errors import KernelDied, SandboxError, SandboxStartError, UserError
-from orchestrator.procs import pid_alive
-from orchestrator.runtime.wire import ENV_NATS_URL
-from orchestrator.sandbox.base import CellResult, Sandbox, SandboxBackend, SandboxRef, SandboxSpec
+from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.sandbox.base import (
+    CellResult,
+    ResourceLimits,
+    Sandbox,
+    SandboxBackend,
+    SandboxRef,
+    SandboxSpec,
+    WorkspaceMode,
+)
+from orchestrator.sandbox.docker_owned import (
+    LABEL_DAEMON,
+    LABEL_HOST_DIR,
+    LABEL_HOST_PID,
+    LABEL_INSTANCE,
+    LABEL_OWNER,
+    LABEL_ROOT,
+    LABEL_SESSION,
+    OwnedContainer,
+    docker_errors,
+    docker_usable,
+    find_orphans,
+    list_owned,
+    remove_containers,
+    remove_orphans,
+    translate_error,
+)
+from orchestrator.sandbox.docker_run import (
+    GATEWAY_HOST_URL,
+    GATEWAY_SOCKET,
+    KERNEL_BASE_ENV,
+    NATS_SOCKET,
+    SANDBOX_UID,
+    SOCKET_DIR_MODE,
+    container_env,
+    nats_target,
+    run_container,
+)
+from orchestrator.sandbox.docker_slots import (
+    CONTAINER_SNAPSHOT_DIR,
+    hand_over,
+    new_slot,
+    remove_slot,
+    sweep_slots,
+)
 from orchestrator.sandbox.gateway import KernelGatewayClient
-from orchestrator.sandbox.gateway_main import TOKEN_ENV
-from orchestrator.sandbox.images import SESSION_IMAGE, docker_client
+from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, resolve_image
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.relay import serve_unix_to_tcp
+from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
     OUTPUT_STREAM_CAP_CHARS,
+    SANDBOX_CPUS,
+    SANDBOX_MEMORY_MIB,
+    SANDBOX_PIDS_LIMIT,
     SANDBOX_START_TIMEOUT_S,
     WARM_POOL_SIZE,
+    SandboxSettings,
+    Settings,
 )
 
-__all__ = [
+__all__ = [  # the container helpers of docker_owned.py are re-exported
     "BACKEND_NAME",
+    "CONTAINER_SNAPSHOT_DIR",
+    "LABEL_DAEMON",
+    "LABEL_HOST_DIR",
+    "LABEL_HOST_PID",
     "LABEL_INSTANCE",
     "LABEL_OWNER",
     "LABEL_ROOT",
@@ -65,6 +113,7 @@ __all__ = [
     "DockerBackend",
     "DockerSandbox",
     "OwnedContainer",
+    "WorkspaceMode",  # defined in base.py; re-exported for older imports
     "docker_usable",
     "find_orphans",
     "list_owned",
@@ -75,40 +124,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "docker"
-LABEL_OWNER = "prime-agent.owner"
-LABEL_SESSION = "prime-agent.session"
-LABEL_ROOT = "prime-agent.root"
-LABEL_INSTANCE = "prime-agent.instance"
-LABEL_HOST_PID = "prime-agent.host-pid"  # the orchestrator process that started it
 DEFAULT_INSTANCE = "main"
-CONTAINER_NAME_PREFIX = "prime-agent-"
 
 # Limits (per container). Memory includes the tmpfs pages written by the session.
-DEFAULT_MEMORY_BYTES = 2 * 1024**3
-DEFAULT_CPUS = 1.0
-DEFAULT_PIDS_LIMIT = 256
-NANO_CPUS_PER_CPU = 1_000_000_000
-TMPFS_TMP = "size=512m,mode=1777"
-TMPFS_HOME = "size=256m,mode=1777"
+# The defaults are Settings.sandbox's (settings.py); a session's SandboxSpec.limits overrides.
+DEFAULT_MEMORY_BYTES = SANDBOX_MEMORY_MIB * 1024**2
+DEFAULT_CPUS = SANDBOX_CPUS
+DEFAULT_PIDS_LIMIT = SANDBOX_PIDS_LIMIT
 
-# Inside the container (images/session/Dockerfile).
-SANDBOX_UID = 1000  # the image's non-root user
-CONTAINER_HOME = "/home/sandbox"
-CONTAINER_SOCKET_DIR = "/run/prime-agent"
-CONTAINER_GATEWAY_RUNTIME = "/tmp/prime-agent-gateway"
-CONTAINER_NATS_PORT = 4222
-CONTAINER_PYTHON = "/opt/prime-agent/bin/python"
-GATEWAY_SOCKET = "gateway.sock"
-NATS_SOCKET = "nats.sock"
-GATEWAY_HOST_URL = "http://localhost"  # Host header only: requests travel over the socket
-KERNEL_BASE_ENV = {
-    "HOME": CONTAINER_HOME,
-    "LANG": "C.UTF-8",
-    "USER": "sandbox",
-    "LOGNAME": "sandbox",
-    "TMPDIR": "/tmp",
-}
-SOCKET_DIR_MODE = 0o777  # the container's uid creates gateway.sock here; the parent is 0700
 
 TOKEN_BYTES = 32
 READY_POLL_S = 0.02
@@ -121,127 +144,6 @@ HANG_ALLOWANCE_S = 20.0
 LOG_TAIL_LINES = 5
 POOL_SESSION_ID = "pool"
 RUNTIME_DIR_PREFIX = "prime-agent-dkr-"
-
-WorkspaceMode = Literal["rw", "ro", "copy"]
-
-
-@dataclass(frozen=True)
-class OwnedContainer:
-    id: str
-    name: str
-    status: str  # docker's: created, running, exited, ...
-    session_id: str
-    root_id: str
-    instance: str
-    host_pid: int
-
-
-def docker_usable(image: str = SESSION_IMAGE) -> tuple[bool, str]:
-    """(True, "") when an engine answers and ``image`` exists; else (False, why)."""
-    from orchestrator.sandbox.images import image_exists
-
-    try:
-        client = docker_client()
-        if not image_exists(image, client):
-            return False, f"the session image {image} is not built (prime-agent images build)"
-    except (UserError, SandboxError) as exc:
-        return False, str(exc)
-    return True, ""
-
-
-def _docker_errors() -> Any:
-    import docker.errors
-
-    return docker.errors
-
-
-def _translate(exc: BaseException, what: str) -> SandboxError:
-    text = str(exc).strip().splitlines()
-    return SandboxError(f"docker: {what}: {text[0] if text else type(exc).__name__}")
-
-
-def _owned_from(container: Any) -> OwnedContainer:
-    labels = container.labels or {}
-    try:
-        host_pid = int(labels.get(LABEL_HOST_PID, "0"))
-    except ValueError:
-        host_pid = 0
-    return OwnedContainer(
-        id=container.id,
-        name=container.name,
-        status=container.status,
-        session_id=labels.get(LABEL_SESSION, ""),
-        root_id=labels.get(LABEL_ROOT, ""),
-        instance=labels.get(LABEL_INSTANCE, ""),
-        host_pid=host_pid,
-    )
-
-
-def list_owned(client: Any | None = None, *, owner: int | None = None) -> list[OwnedContainer]:
-    """Every container (running or not) with our labels, for ``owner`` (default: this uid)."""
-    client = client or docker_client()
-    owner = os.getuid() if owner is None else owner
-    try:
-        found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
-    except _docker_errors().DockerException as exc:
-        raise _translate(exc, "listing containers") from exc
-    return [_owned_from(c) for c in found]
-
-
-def find_orphans(
-    client: Any | None = None, *, live_sessions: set[str] | None = None
-) -> list[OwnedContainer]:
-    """Our containers that nobody owns any more: the orchestrator that started them is gone
-    (and, when ``live_sessions`` is given, their session is not one of them: adoptable)."""
-    orphans = []
-    for owned in list_owned(client):
-        if pid_alive(owned.host_pid):
-            continue
-        if live_sessions is not None and owned.session_id in live_sessions:
-            continue
-        orphans.append(owned)
-    return orphans
-
-
-def remove_containers(ids: list[str], client: Any | None = None) -> int:
-    """Force-remove containers by id; returns how many were removed."""
-    client = client or docker_client()
-    errors = _docker_errors()
-    removed = 0
-    for cid in ids:
-        try:
-            client.containers.get(cid).remove(force=True)
-            removed += 1
-        except errors.NotFound:
-            continue
-        except errors.DockerException as exc:
-            raise _translate(exc, f"removing {cid[:12]}") from exc
-    return removed
-
-
-def remove_orphans(client: Any | None = None) -> list[OwnedContainer]:
-    client = client or docker_client()
-    orphans = find_orphans(client)
-    remove_containers([o.id for o in orphans], client)
-    return orphans
-
-
-def _nats_target(env: Mapping[str, str]) -> tuple[str, int] | None:
-    url = env.get(ENV_NATS_URL, "")
-    if not url:
-        return None
-    parts = urlsplit(url)
-    if not parts.hostname:
-        return None
-    return parts.hostname, parts.port or CONTAINER_NATS_PORT
-
-
-def _container_env(spec_env: Mapping[str, str]) -> dict[str, str]:
-    """The kernel's session env as seen inside: NATS through the in-container relay."""
-    env = dict(spec_env)
-    if ENV_NATS_URL in env:
-        env[ENV_NATS_URL] = f"nats://127.0.0.1:{CONTAINER_NATS_PORT}"
-    return env
 
 
 class DockerSandbox(Sandbox):
@@ -258,9 +160,23 @@ class DockerSandbox(Sandbox):
         self.replacements = 0  # containers replaced after a loss (R3)
         self.ref = SandboxRef(BACKEND_NAME, "", spec.session_id, GATEWAY_HOST_URL, "", "")
         self._relay: asyncio.Server | None = None
-        self._nats: tuple[str, int] | None = _nats_target(spec.env)
+        self._nats: tuple[str, int] | None = nats_target(spec.env)
         self._stopped = False
         self._lock = asyncio.Lock()
+        # What the backend's listener was told is up (daemon-owned sandboxes only); told
+        # "down" when that container is removed.
+        self._recorded: SandboxRef | None = None
+        # Workspace mode copy: the private copy mounted at spec.cwd (kept across container
+        # replacements), synced back to the project at stop (orchestrator/sandbox/workspace.py).
+        self.workspace_copy: WorkspaceCopy | None = None
+        # An idle pooled container's snapshot slot, mounted at CONTAINER_SNAPSHOT_DIR until
+        # ``assign`` makes it the session's snapshot directory (docker_slots.py).
+        self.slot: Path | None = None
+
+    async def _record(self, ref: SandboxRef) -> None:
+        if not self.spec.die_with_parent:
+            self._recorded = ref
+            await self.backend._report_up(ref)
 
     # --- container lifecycle ----------------------------------------------------------------
 
@@ -271,17 +187,33 @@ class DockerSandbox(Sandbox):
         socket_dir.mkdir()
         socket_dir.chmod(SOCKET_DIR_MODE)
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
+        if self.backend.workspace_for(self.spec) == "copy" and self.workspace_copy is None:
+            self.workspace_copy = await asyncio.to_thread(
+                WorkspaceCopy.create, self.spec.cwd, self.spec.artifacts_dir
+            )
         self._relay = await serve_unix_to_tcp(socket_dir / NATS_SOCKET, lambda: self._nats)
         started = time.monotonic()
         # The docker call runs in a thread that a cancellation would not stop: wait for it
         # anyway, so that a container created meanwhile is known and removed, not leaked.
-        run = asyncio.ensure_future(asyncio.to_thread(self._run_container, socket_dir))
+        run = asyncio.ensure_future(asyncio.to_thread(run_container, self, socket_dir))
         try:
             self.container_id = await asyncio.shield(run)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 self.container_id = await run
             raise
+        url = f"{GATEWAY_HOST_URL} (unix:{socket_dir / GATEWAY_SOCKET})"
+        await self._record(
+            SandboxRef(
+                BACKEND_NAME,
+                self.container_id,
+                self.spec.session_id,
+                url,
+                "",
+                self.token,
+                str(self.runtime_dir),
+            )
+        )
         booted_at = await self._wait_gateway(socket_dir / GATEWAY_SOCKET)
         client = KernelGatewayClient(
             GATEWAY_HOST_URL, self.token, uds=str(socket_dir / GATEWAY_SOCKET)
@@ -289,7 +221,7 @@ class DockerSandbox(Sandbox):
         self.client = client
         client.on_restart = self._setup
         await client.start_kernel(
-            env={**KERNEL_BASE_ENV, **_container_env(self.spec.env)},
+            env={**KERNEL_BASE_ENV, **container_env(self.spec.env)},
             path=str(self.spec.cwd).lstrip("/"),
         )
         await client.connect()
@@ -299,10 +231,12 @@ class DockerSandbox(Sandbox):
             backend=BACKEND_NAME,
             ref=self.container_id,
             session_id=self.spec.session_id,
-            url=f"{GATEWAY_HOST_URL} (unix:{socket_dir / GATEWAY_SOCKET})",
+            url=url,
             kernel_id=client.kernel_id,
             token=self.token,
+            runtime_dir=str(self.runtime_dir),
         )
+        await self._record(self.ref)
         now = time.monotonic()
         log.info(
             "docker sandbox %s: container+gateway %.0f ms, kernel %.0f ms",
@@ -310,72 +244,6 @@ class DockerSandbox(Sandbox):
             (booted_at - started) * 1000,
             (now - booted_at) * 1000,
         )
-
-    def _run_container(self, socket_dir: Path) -> str:
-        backend = self.backend
-        spec = self.spec
-        command = [
-            CONTAINER_PYTHON,
-            "-P",
-            "-m",
-            "orchestrator.sandbox.gateway_main",
-            "--runtime-dir",
-            CONTAINER_GATEWAY_RUNTIME,
-            "--unix-socket",
-            f"{CONTAINER_SOCKET_DIR}/{GATEWAY_SOCKET}",
-            "--relay",
-            f"{CONTAINER_NATS_PORT}={CONTAINER_SOCKET_DIR}/{NATS_SOCKET}",
-        ]
-        for name in sorted(spec.env):
-            command += ["--env-allow", name]
-        workspace = str(spec.cwd)
-        mounts = {
-            str(socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"},
-            workspace: {
-                "bind": workspace,
-                "mode": "ro" if backend.workspace_mode == "ro" else "rw",
-            },
-        }
-        labels = {
-            LABEL_OWNER: str(os.getuid()),
-            LABEL_SESSION: spec.session_id,
-            LABEL_ROOT: spec.labels.get("root", spec.session_id),
-            LABEL_INSTANCE: backend.instance,
-            LABEL_HOST_PID: str(os.getpid()),
-        }
-        name = f"{CONTAINER_NAME_PREFIX}{spec.session_id[:40]}-{secrets.token_hex(3)}"
-        errors = _docker_errors()
-        try:
-            container = backend.docker.containers.run(
-                backend.image,
-                command,
-                name=name,
-                detach=True,
-                labels=labels,
-                # From scratch: nothing of the orchestrator's environment (R16).
-                environment={TOKEN_ENV: self.token, "LANG": "C.UTF-8", "HOME": CONTAINER_HOME},
-                user=backend.user_for(spec.cwd),
-                working_dir=workspace,
-                network_mode="bridge" if backend.network else "none",
-                mem_limit=backend.memory_bytes,
-                memswap_limit=backend.memory_bytes,  # no swap: an OOM is an OOM
-                nano_cpus=int(backend.cpus * NANO_CPUS_PER_CPU),
-                pids_limit=backend.pids_limit,
-                cap_drop=["ALL"],
-                security_opt=["no-new-privileges"],
-                read_only=True,
-                tmpfs={"/tmp": TMPFS_TMP, CONTAINER_HOME: TMPFS_HOME},
-                volumes=mounts,
-                init=True,  # docker-init as pid 1 forwards signals and reaps
-                hostname="sandbox",
-            )
-        except errors.ImageNotFound as exc:
-            raise SandboxStartError(
-                f"the session image {backend.image} is missing: run prime-agent images build"
-            ) from exc
-        except errors.DockerException as exc:
-            raise SandboxStartError(str(_translate(exc, "starting a container"))) from exc
-        return str(container.id)
 
     async def _wait_gateway(self, socket_path: Path) -> float:
         """Poll the gateway's socket until it answers; returns the time it did."""
@@ -409,7 +277,7 @@ class DockerSandbox(Sandbox):
 
     async def _state(self) -> str:
         """The container's status ("running", "exited", ...), "gone" when removed."""
-        errors = _docker_errors()
+        errors = docker_errors()
 
         def get() -> str:
             try:
@@ -424,7 +292,7 @@ class DockerSandbox(Sandbox):
         try:
             return await asyncio.to_thread(get)
         except errors.DockerException as exc:
-            raise _translate(exc, "inspecting a container") from exc
+            raise translate_error(exc, "inspecting a container") from exc
 
     async def _logs_tail(self) -> str:
         def get() -> str:
@@ -450,7 +318,7 @@ class DockerSandbox(Sandbox):
             relay.close()
         if self.container_id:
             cid = self.container_id
-            errors = _docker_errors()
+            errors = docker_errors()
 
             def remove() -> None:
                 with contextlib.suppress(errors.NotFound):
@@ -463,6 +331,12 @@ class DockerSandbox(Sandbox):
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
             self.runtime_dir = None
+        recorded, self._recorded = self._recorded, None
+        if recorded is not None:
+            await self.backend._report_down(recorded)
+        slot, self.slot = self.slot, None
+        if slot is not None:  # a pooled container removed unused
+            await asyncio.to_thread(remove_slot, slot)
 
     async def _replace(self, why: str) -> str:
         """A new container for the same session (R3); returns the notice for the model."""
@@ -480,7 +354,7 @@ class DockerSandbox(Sandbox):
 
     async def _setup(self) -> None:
         assert self.client is not None
-        env = _container_env(self.spec.env)
+        env = container_env(self.spec.env)
         code = (
             "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
             f"{str(self.spec.cwd)!r}, {env!r})"
@@ -491,17 +365,32 @@ class DockerSandbox(Sandbox):
         pid = reply.get("user_expressions", {}).get("pid", {})
         with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
             self.kernel_pid = int(pid["data"]["text/plain"])
+        if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
+            await self.after_kernel_start(self.client.run_silent)
 
     async def assign(self, spec: SandboxSpec) -> None:
-        """Hand an idle pooled container to a session (its workspace is already mounted)."""
+        """Hand an idle pooled container to a session (its workspace is already mounted; its
+        snapshot slot becomes the session's snapshot directory)."""
         if spec.cwd != self.spec.cwd:
             raise SandboxError("pooled container has another workspace")
+        if self.slot is not None:
+            try:
+                if spec.snapshot_dir is not None:
+                    await asyncio.to_thread(hand_over, self.slot, spec.snapshot_dir)
+                else:
+                    await asyncio.to_thread(remove_slot, self.slot)
+                    self.kernel_snapshot_dir = None
+            except OSError as exc:  # the slot stays ours: removed when the pool stops this one
+                raise SandboxError(f"snapshot directory handover failed: {exc}") from exc
+            self.slot = None
         self.spec = spec
-        self._nats = _nats_target(spec.env)
+        self._nats = nats_target(spec.env)
         self.ref = replace(self.ref, session_id=spec.session_id)
         assert self.client is not None
         self.client.unreported_restarts = 0
         await self._setup()
+        if self._recorded is not None:
+            await self._record(self.ref)
 
     # --- Sandbox ----------------------------------------------------------------------------
 
@@ -578,6 +467,16 @@ class DockerSandbox(Sandbox):
             return f"the sandbox stopped answering ({exc})"
         return f"the sandbox container stopped ({state})"
 
+    async def run_silent(
+        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
+    ) -> dict[str, Any]:
+        async with self._lock:
+            if self.client is None or self._stopped:
+                raise SandboxError(f"sandbox {self.spec.session_id} is not running")
+            return await self.client.run_silent(
+                code, user_expressions=user_expressions, timeout_s=timeout_s
+            )
+
     async def interrupt(self) -> None:
         if self.client is None or self._stopped:
             raise SandboxError(f"sandbox {self.spec.session_id} is not running")
@@ -605,12 +504,29 @@ class DockerSandbox(Sandbox):
         self._stopped = True
         self.backend._owned.discard(self)
         await self._teardown()
+        await self._finish_workspace()
+
+    async def _finish_workspace(self) -> None:
+        """Copy mode: sync the copy back into the project (after the container is gone, so
+        nothing writes meanwhile). An adopted sandbox finds its copy on disk."""
+        if self.backend.workspace_for(self.spec) != "copy":
+            return
+        copy, self.workspace_copy = self.workspace_copy, None
+        if copy is None:
+            try:
+                copy = await asyncio.to_thread(WorkspaceCopy.load, self.spec.artifacts_dir)
+            except SandboxError as exc:
+                log.error("docker sandbox %s: %s", self.spec.session_id, exc)
+                return
+        if copy is not None:
+            await asyncio.to_thread(finish_copy, copy)
 
 
 class DockerBackend(SandboxBackend):
     """Starts ``DockerSandbox``es from ``image``; a warm pool of idle containers for the
     workspace most recently used (a container's mounts are fixed at creation, so a pooled one
-    only fits a session with that same cwd: the usual case for a root and its subagents)."""
+    only fits a session with that same cwd: the usual case for a root and its subagents). Its
+    snapshot slot becomes the session's snapshot directory at ``assign`` (docker_slots.py)."""
 
     name = BACKEND_NAME
 
@@ -624,6 +540,8 @@ class DockerBackend(SandboxBackend):
         pids_limit: int = DEFAULT_PIDS_LIMIT,
         network: bool = False,
         workspace_mode: WorkspaceMode = "rw",
+        pool_die_with_parent: bool = True,
+        daemon_socket: str = "",  # the daemon's control socket (LABEL_DAEMON); "" = no daemon
         instance: str = DEFAULT_INSTANCE,
         interrupt_grace_s: float = INTERRUPT_GRACE_S,
         output_cap_chars: int = OUTPUT_STREAM_CAP_CHARS,
@@ -631,10 +549,8 @@ class DockerBackend(SandboxBackend):
         hang_allowance_s: float = HANG_ALLOWANCE_S,
         docker: Any | None = None,
     ):
-        if workspace_mode == "copy":
-            raise UserError("workspace mode 'copy' is not implemented yet; use rw or ro")
         self.docker = docker or docker_client()
-        self.image = image
+        self.image = resolve_image(image)
         self.pool_size = pool_size
         self.memory_bytes = memory_bytes
         self.cpus = cpus
@@ -649,8 +565,63 @@ class DockerBackend(SandboxBackend):
         self._owned: set[DockerSandbox] = set()
         self._closed = False
         self.pool: WarmPool[DockerSandbox] | None = None
-        self._pool_cwd: Path | None = None
+        self._pool_for: tuple[Path, Path | None] | None = None  # (workspace, snapshots root)
+        self._swept: set[Path] = set()  # snapshot roots whose stray slots were removed
         self._retired: list[WarmPool[DockerSandbox]] = []
+        self.pool_die_with_parent = pool_die_with_parent
+        self.daemon_socket = daemon_socket
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, network: bool = False, **options: Any
+    ) -> DockerBackend:
+        """A backend with ``settings``' sandbox policy (image, workspace mode, limits) and
+        REPL settings as its defaults; ``options`` are passed on (pool_size, daemon_socket...)."""
+        sandbox: SandboxSettings = settings.sandbox
+        options.setdefault("pool_size", settings.warm_pool_size)
+        return cls(
+            image=sandbox.image,
+            workspace_mode=sandbox.workspace,
+            memory_bytes=sandbox.memory_bytes,
+            cpus=sandbox.cpus,
+            pids_limit=sandbox.pids_limit,
+            network=network,
+            interrupt_grace_s=settings.interrupt_grace_s,
+            output_cap_chars=settings.output_cap_chars,
+            **options,
+        )
+
+    # --- a session's policy: its spec's, else this backend's --------------------------------
+
+    def image_for(self, spec: SandboxSpec) -> str:
+        return resolve_image(spec.image) if spec.image else self.image
+
+    def workspace_for(self, spec: SandboxSpec) -> WorkspaceMode:
+        return spec.workspace or self.workspace_mode
+
+    def limits_for(self, spec: SandboxSpec) -> ResourceLimits:
+        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
+        return spec.limits.over(default) if spec.limits is not None else default
+
+    def _pool_key(self, spec: SandboxSpec) -> tuple[Path, Path | None]:
+        """(workspace, snapshots root) of the pool that fits ``spec``: a spec without snapshots
+        takes a container of any pool for its workspace (its slot is then dropped)."""
+        if spec.snapshot_dir is not None:
+            return spec.cwd, spec.snapshot_dir.parent
+        current = self._pool_for
+        return spec.cwd, current[1] if current is not None and current[0] == spec.cwd else None
+
+    def _pool_fits(self, spec: SandboxSpec) -> bool:
+        """A pooled container was made with this backend's policy for the pool's workspace (and
+        a slot under the session's snapshots root); a copy-mode session needs a fresh copy of
+        its own, so it never takes one."""
+        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
+        return (
+            self._pool_key(spec) == self._pool_for
+            and self.image_for(spec) == self.image
+            and self.workspace_for(spec) == self.workspace_mode != "copy"
+            and self.limits_for(spec) == default
+        )
 
     def user_for(self, cwd: Path) -> str:
         """uid:gid in the container: the workspace's owner (files it writes stay the user's),
@@ -660,21 +631,24 @@ class DockerBackend(SandboxBackend):
             return f"{SANDBOX_UID}:{SANDBOX_UID}"
         return f"{st.st_uid}:{st.st_gid}"
 
-    def start_pool(self, cwd: Path | None = None) -> None:
-        """Begin filling the warm pool for ``cwd`` (default: the last session's workspace)."""
+    def start_pool(self, cwd: Path | None = None, *, snapshot_root: Path | None = None) -> None:
+        """Begin filling the warm pool for ``cwd`` (default: the last session's workspace);
+        with ``snapshot_root`` (``<data>/snapshots``) its containers get snapshot slots, so
+        sessions with a snapshot directory there take them."""
         if cwd is not None:
-            self._use_pool_for(cwd.resolve())
+            self._use_pool_for(cwd.resolve(), snapshot_root)
         if self.pool is not None and not self._closed:
             self.pool.start()
 
-    def _use_pool_for(self, cwd: Path) -> None:
-        if self.pool_size <= 0 or cwd == self._pool_cwd:
-            return
+    def _use_pool_for(self, cwd: Path, snapshot_root: Path | None) -> None:
+        key = (cwd, snapshot_root)
+        if self.pool_size <= 0 or key == self._pool_for or self.workspace_mode == "copy":
+            return  # copy mode: every session needs a fresh copy, a pooled one cannot help
         if self.pool is not None:
             self._retired.append(self.pool)
             old = self.pool
             asyncio.get_running_loop().create_task(old.close())
-        self._pool_cwd = cwd
+        self._pool_for = key
 
         async def start_idle(die_with_parent: bool) -> DockerSandbox:
             spec = SandboxSpec(
@@ -683,9 +657,18 @@ class DockerBackend(SandboxBackend):
                 artifacts_dir=Path(tempfile.gettempdir()),
                 die_with_parent=die_with_parent,
             )
-            return await self._start_cold(spec)
+            slot = None
+            if snapshot_root is not None:
+                await self._sweep_slots(snapshot_root)
+                slot = await asyncio.to_thread(new_slot, snapshot_root)
+            return await self._start_cold(spec, slot=slot)
 
-        self.pool = WarmPool(start_idle, self._start_cold, size=self.pool_size)
+        self.pool = WarmPool(
+            start_idle,
+            self._start_cold,
+            size=self.pool_size,
+            die_with_parent=self.pool_die_with_parent,
+        )
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         if self._closed:
@@ -693,9 +676,9 @@ class DockerBackend(SandboxBackend):
         if not spec.cwd.is_dir():
             raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
         spec = replace(spec, cwd=spec.cwd.resolve())
-        if self.pool_size > 0:
-            fits = spec.cwd == self._pool_cwd
-            self._use_pool_for(spec.cwd)
+        if self.pool_size > 0 and self.workspace_mode != "copy":
+            fits = self._pool_fits(spec)
+            self._use_pool_for(*self._pool_key(spec))
             assert self.pool is not None
             self.pool.start()
             sandbox = await (self.pool.acquire(spec) if fits else self._start_cold(spec))
@@ -704,13 +687,16 @@ class DockerBackend(SandboxBackend):
         self._owned.add(sandbox)
         return sandbox
 
-    async def _start_cold(self, spec: SandboxSpec) -> DockerSandbox:
+    async def _start_cold(self, spec: SandboxSpec, *, slot: Path | None = None) -> DockerSandbox:
         sandbox = DockerSandbox(self, spec)
+        sandbox.slot = slot  # a pooled container's; removed with it when it fails to start
         try:
             async with asyncio.timeout(self.start_timeout_s * 2):
                 await sandbox.start()
         except BaseException as exc:
             await sandbox._teardown()  # to the end, even when cancelled (pool closing)
+            if sandbox.workspace_copy is not None:  # nothing ran in it: no work to keep
+                await asyncio.to_thread(sandbox.workspace_copy.remove)
             if isinstance(exc, SandboxStartError):
                 raise
             if isinstance(exc, (SandboxError, TimeoutError, OSError, ValueError, KeyError)):
@@ -718,16 +704,44 @@ class DockerBackend(SandboxBackend):
             raise
         return sandbox
 
+    async def _sweep_slots(self, snapshot_root: Path) -> None:
+        """Once per snapshots root, before its first slot: remove slots a crash left (no
+        container of this user names them, whatever its instance)."""
+        if snapshot_root in self._swept:
+            return
+        self._swept.add(snapshot_root)
+
+        def sweep() -> None:
+            in_use = {c.snapshot_slot for c in list_owned(self.docker) if c.snapshot_slot}
+            sweep_slots(snapshot_root, in_use)
+
+        try:
+            await asyncio.to_thread(sweep)
+        except (SandboxError, OSError) as exc:  # tidying only: the pool works without it
+            log.warning("docker: sweeping snapshot slots failed: %s", exc)
+
     def list_owned(self) -> list[OwnedContainer]:
         """Containers with our labels of this instance (running or not)."""
         return [c for c in list_owned(self.docker) if c.instance == self.instance]
 
-    async def adopt_or_remove(self, live_sessions: set[str]) -> list[OwnedContainer]:
-        """On start: containers of dead orchestrators whose session is unknown are removed;
-        those of a live session are left for it to adopt. Returns the removed ones."""
-        orphans = await asyncio.to_thread(find_orphans, self.docker, live_sessions=live_sessions)
-        await asyncio.to_thread(remove_containers, [o.id for o in orphans], self.docker)
-        return orphans
+    # Adoption by a restarted daemon (R2, R8): orchestrator/sandbox/docker_adopt.py.
+
+    async def adopt(self, ref: SandboxRef, spec: SandboxSpec) -> DockerSandbox:
+        from orchestrator.sandbox.docker_adopt import adopt_container
+
+        sandbox = await adopt_container(self, ref, spec)
+        self._owned.add(sandbox)
+        return sandbox
+
+    async def remove(self, ref: SandboxRef) -> None:
+        from orchestrator.sandbox.docker_adopt import remove_recorded
+
+        await remove_recorded(self, ref)
+
+    async def remove_unknown(self, known: set[str]) -> int:
+        from orchestrator.sandbox.docker_adopt import remove_unknown
+
+        return await remove_unknown(self, known)
 
     async def close(self) -> None:
         self._closed = True

@@ -5,16 +5,21 @@ Layout (docs/images.md):
 - ``images/base-offline.sh``: debootstrap bookworm (python3 + python3-venv) into
   ``images/.build/rootfs`` and ``docker import`` it as ``BASE_OFFLINE_TAG``: a base image made
   without any registry.
-- ``images/.build/wheels``: ipykernel, jupyter-kernel-gateway, nats-py and their dependencies,
+- ``images/.build/wheels``: ipykernel, jupyter-kernel-gateway, nats-py, dill and their dependencies,
   pinned to the versions installed here (``pip download``; cached by a stamp of the pins), plus
   a wheel of this project built with ``--no-deps``. This directory is the build context.
 - ``images/{session,rust,cuda}/Dockerfile``: the images. ``session`` takes ``BASE`` (any Python
-  3.11 Debian-like image), ``rust`` builds on ``session``, ``cuda`` is built only where its base
-  image already exists locally.
+  3.11 Debian-like image); ``rust`` builds on ``session`` and installs Debian's Rust toolchain
+  with apt (the build container reaches the Debian mirror, not a container registry); ``cuda``
+  builds on ``session`` and copies the CUDA toolkit out of a CUDA base image, which must exist
+  locally or be pullable; otherwise the build is skipped with a one-line reason.
 
 Every image carries the label ``SOURCE_HASH_LABEL``: a hash of the files that run inside it
-(gateway_main, relay, proctree, runtime, the Dockerfile). ``ensure_session_image`` rebuilds when
-it differs, so tests never run against a stale image.
+(gateway_main, relay, proctree, runtime, the Dockerfiles). ``ensure_image`` rebuilds when it
+differs, so tests never run against a stale image.
+
+Sessions name their image (``Settings.sandbox.image``, ``SandboxSpec.image``) as ``session``,
+``rust``, ``cuda`` or any image tag; ``resolve_image`` turns a name into a tag.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from orchestrator.errors import SandboxError, UserError
 __all__ = [
     "BASE_OFFLINE_TAG",
     "CUDA_BASE_DEFAULT",
+    "IMAGE_NAMES",
     "IMAGE_REQUIREMENTS",
     "SESSION_IMAGE",
     "SOURCE_HASH_LABEL",
@@ -45,17 +51,20 @@ __all__ = [
     "build_base_offline",
     "build_image",
     "docker_client",
+    "ensure_image",
     "ensure_session_image",
     "gather_wheels",
     "image_exists",
     "image_label",
     "image_tag",
+    "resolve_image",
     "source_hash",
 ]
 
 log = logging.getLogger(__name__)
 
 ImageKind = Literal["session", "rust", "cuda"]
+IMAGE_NAMES: tuple[ImageKind, ...] = ("session", "rust", "cuda")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGES_DIR = REPO_ROOT / "images"
@@ -71,9 +80,13 @@ IMAGE_TAGS: dict[str, str] = {
     "cuda": "prime-agent/session-cuda:latest",
 }
 CUDA_BASE_DEFAULT = "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
+# Build args naming the session image a variant builds FROM.
+SESSION_BUILD_ARG = "SESSION"
+BASE_BUILD_ARG = "BASE"
 SOURCE_HASH_LABEL = "prime-agent.source-hash"
 # What the image installs from PyPI wheels (pinned to this host's versions).
-IMAGE_REQUIREMENTS = ("ipykernel", "jupyter-kernel-gateway", "nats-py")
+# nkeys (and its pynacl): a kernel signs the nonce of an external operator-mode NATS server.
+IMAGE_REQUIREMENTS = ("ipykernel", "jupyter-kernel-gateway", "nats-py", "dill", "nkeys")
 IMAGE_PYTHON = (3, 11)  # Debian bookworm's python3: the wheels must be cp311
 # Its exact version: some current wheels (soupsieve) need >= 3.11.5, so resolve for this one.
 IMAGE_PYTHON_VERSION = "3.11.2"
@@ -88,9 +101,12 @@ PINNED_DISTRIBUTIONS = (
     "ipython",
     "traitlets",
 )
+# Pure-Python requirements PyPI has only as sdists: built into wheels on the host first, so the
+# binary-only download below finds them locally (--find-links).
+SDIST_ONLY = ("nkeys",)
 PROJECT_DIST = "prime-agent"
 DOCKER_PING_TIMEOUT_S = 5
-BUILD_TIMEOUT_S = 1800
+BUILD_TIMEOUT_S = 1800  # a docker build or pull (a CUDA base is several GB)
 # Files whose content ends up running inside the image.
 _HASHED_SOURCES = (
     "orchestrator/sandbox/gateway_main.py",
@@ -99,6 +115,13 @@ _HASHED_SOURCES = (
     "orchestrator/runtime",
     "images/session/Dockerfile",
 )
+
+
+def _variant_sources(kind: str) -> tuple[str, ...]:
+    """A variant runs the session image's sources plus its own Dockerfile."""
+    if kind == "session":
+        return _HASHED_SOURCES
+    return (*_HASHED_SOURCES, f"images/{kind}/Dockerfile")
 
 
 @dataclass(frozen=True)
@@ -129,6 +152,22 @@ def image_tag(kind: str) -> str:
     return IMAGE_TAGS[kind]
 
 
+def resolve_image(name: str) -> str:
+    """The tag for an image name (``session``, ``rust``, ``cuda``) or a tag given as is."""
+    name = name.strip()
+    if not name or any(c.isspace() for c in name):
+        raise UserError(f"invalid image name {name!r}: use session, rust, cuda or an image tag")
+    return IMAGE_TAGS.get(name, name)
+
+
+def image_hint(tag: str) -> str:
+    """What to run when ``tag`` is missing: the build command for our images."""
+    for kind, known in IMAGE_TAGS.items():
+        if known == tag:
+            return f"run prime-agent images build {kind}"
+    return "build or load it first (docker images lists what is there)"
+
+
 def image_exists(tag: str, client: Any | None = None) -> bool:
     import docker.errors
 
@@ -154,10 +193,10 @@ def image_label(tag: str, label: str, client: Any | None = None) -> str | None:
     return str(value) if value is not None else None
 
 
-def source_hash() -> str:
-    """Hash of everything that runs inside the session image (see ``_HASHED_SOURCES``)."""
+def source_hash(kind: str = "session") -> str:
+    """Hash of everything that runs inside an image (see ``_HASHED_SOURCES``)."""
     digest = hashlib.sha256()
-    for rel in _HASHED_SOURCES:
+    for rel in _variant_sources(kind):
         path = REPO_ROOT / rel
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for file in files:
@@ -225,8 +264,23 @@ def gather_wheels(
         _run(
             [
                 *pip,
+                "wheel",
+                "--no-deps",
+                "-w",
+                str(wheels_dir),
+                "-c",
+                str(constraints),
+                *SDIST_ONLY,
+            ],
+            "pip wheel (pure-Python sdists)",
+        )
+        _run(
+            [
+                *pip,
                 "download",
                 "--only-binary=:all:",
+                "--find-links",
+                str(wheels_dir),
                 "-d",
                 str(wheels_dir),
                 "-c",
@@ -258,41 +312,84 @@ def build_base_offline(tag: str = BASE_OFFLINE_TAG) -> BuildResult:
     return BuildResult("base-offline", tag, True, "built", time.monotonic() - started)
 
 
-def _docker_build(dockerfile: Path, tag: str, build_args: dict[str, str], what: str) -> None:
+def _docker_build(
+    kind: str, tag: str, build_args: dict[str, str], what: str, context: Path = WHEELS_DIR
+) -> None:
     if shutil.which("docker") is None:
         raise UserError("the docker CLI is not installed (needed to build images)")
-    argv = ["docker", "build", "-q", "-f", str(dockerfile), "-t", tag]
+    dockerfile = IMAGES_DIR / kind / "Dockerfile"
+    # --force-rm: a failed step leaves no intermediate container behind (legacy builder).
+    argv = ["docker", "build", "-q", "--force-rm", "-f", str(dockerfile), "-t", tag]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    argv += ["--label", f"{SOURCE_HASH_LABEL}={source_hash()}", str(WHEELS_DIR)]
+    argv += ["--label", f"{SOURCE_HASH_LABEL}={source_hash(kind)}", str(context)]
     _run(argv, what)
+
+
+def _pullable(tag: str) -> tuple[bool, str]:
+    """Try ``docker pull tag``; (False, the first line of why) when no registry has it."""
+    try:
+        proc = subprocess.run(
+            ["docker", "pull", "-q", tag], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+        )
+    except FileNotFoundError:
+        return False, "the docker CLI is not installed"
+    except subprocess.TimeoutExpired:
+        return False, f"docker pull took longer than {BUILD_TIMEOUT_S} s"
+    if proc.returncode == 0:
+        return True, ""
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return False, lines[-1] if lines else f"docker pull exited {proc.returncode}"
+
+
+def _variant_context(kind: str) -> Path:
+    """The rust and cuda builds need no files: their folder (holding only the Dockerfile) is
+    the context, so the wheels are not sent to the engine again."""
+    return IMAGES_DIR / kind
 
 
 def build_image(
     kind: ImageKind,
     *,
     base: str | None = None,
+    pull: bool = True,
+    tag: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Build one image. ``base``: the session image's BASE (default: the offline base, built
-    first when missing) or the CUDA base for ``cuda``."""
+    first when missing), or the CUDA base for ``cuda`` (default ``CUDA_BASE_DEFAULT``; pulled
+    when missing and ``pull``; the build is skipped with the reason when that fails).
+    ``tag``: another tag than ``image_tag(kind)`` (rust and cuda; tests use it)."""
     _check_checkout()
     client = docker_client()
-    tag = image_tag(kind)
+    if tag is not None and kind == "session":
+        raise UserError("the session image keeps its tag (variants build FROM it)")
+    tag = tag or image_tag(kind)
     started = time.monotonic()
-    if kind == "cuda":
+    if kind in ("rust", "cuda"):
         cuda_base = base or CUDA_BASE_DEFAULT
-        if not image_exists(cuda_base, client):
-            return BuildResult(kind, tag, False, f"skipped: CUDA base {cuda_base} is not local")
-        gather_wheels(progress=progress)
-        _docker_build(IMAGES_DIR / "cuda" / "Dockerfile", tag, {"BASE": cuda_base}, "cuda build")
-        return BuildResult(kind, tag, True, "built", time.monotonic() - started)
-    if kind == "rust":
-        if not image_exists(SESSION_IMAGE, client):
-            build_image("session", base=base, progress=progress)
+        args = {SESSION_BUILD_ARG: SESSION_IMAGE}
+        if kind == "cuda":
+            if not image_exists(cuda_base, client):
+                why = "pulling is off"
+                if pull:
+                    if progress:
+                        progress(f"docker pull {cuda_base}")
+                    ok, why = _pullable(cuda_base)
+                    if ok:
+                        why = ""
+                if why:
+                    return BuildResult(
+                        kind, tag, False, f"skipped: the CUDA base {cuda_base} is not here ({why})"
+                    )
+            args[BASE_BUILD_ARG] = cuda_base
+        # A variant builds FROM the session image: make sure that one is current first (the
+        # --base option means the session's base here only for rust).
+        ensure_image("session", base=None if kind == "cuda" else base, progress=progress)
         if progress:
-            progress("docker build rust (apt: rustc, cargo)")
-        _docker_build(IMAGES_DIR / "rust" / "Dockerfile", tag, {}, "rust build")
+            what = "apt: rustc, cargo" if kind == "rust" else f"CUDA from {cuda_base}"
+            progress(f"docker build {tag} ({what})")
+        _docker_build(kind, tag, args, f"{kind} build", _variant_context(kind))
         return BuildResult(kind, tag, True, "built", time.monotonic() - started)
     session_base = base or BASE_OFFLINE_TAG
     if not image_exists(session_base, client):
@@ -304,20 +401,45 @@ def build_image(
     gather_wheels(progress=progress)
     if progress:
         progress(f"docker build {tag} (BASE={session_base})")
-    _docker_build(
-        IMAGES_DIR / "session" / "Dockerfile", tag, {"BASE": session_base}, "session build"
-    )
+    _docker_build("session", tag, {BASE_BUILD_ARG: session_base}, "session build")
     return BuildResult(kind, tag, True, "built", time.monotonic() - started)
+
+
+def ensure_image(
+    kind: ImageKind,
+    *,
+    base: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Build ``kind`` when it is missing or older than the sources it contains (a variant also
+    when the session image under it was rebuilt). A skipped cuda build comes back unbuilt."""
+    client = docker_client()
+    tag = image_tag(kind)
+    current = (
+        image_exists(tag, client)
+        and image_label(tag, SOURCE_HASH_LABEL, client) == source_hash(kind)
+        and (kind == "session" or _built_on_current_session(tag, client))
+    )
+    if current:
+        return BuildResult(kind, tag, False, "up to date")
+    return build_image(kind, base=base, progress=progress)
+
+
+def _built_on_current_session(tag: str, client: Any) -> bool:
+    """Whether the variant ``tag`` was built FROM the session image as it is now."""
+    import docker.errors
+
+    try:
+        session_id = client.images.get(SESSION_IMAGE).id
+        history = client.images.get(tag).history()
+    except docker.errors.DockerException:
+        return False
+    return any(layer.get("Id") == session_id for layer in history)
 
 
 def ensure_session_image(progress: Callable[[str], None] | None = None) -> BuildResult:
     """Build the session image when it is missing or older than the sources it contains."""
-    client = docker_client()
-    if image_exists(SESSION_IMAGE, client):
-        current = image_label(SESSION_IMAGE, SOURCE_HASH_LABEL, client)
-        if current == source_hash():
-            return BuildResult("session", SESSION_IMAGE, False, "up to date")
-    return build_image("session", progress=progress)
+    return ensure_image("session", progress=progress)
 
 
 def main() -> int:

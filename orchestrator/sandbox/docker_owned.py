@@ -1,0 +1,160 @@
+"""The docker containers we own: their labels, listing them, and the orphans of dead owners.
+
+Every container the docker backend starts carries ``LABEL_OWNER`` (the uid) and the labels
+below; ``list_owned`` finds them, ``find_orphans`` picks those whose orchestrator process is
+gone and whose daemon does not answer (R8), ``remove_containers`` / ``remove_orphans`` remove
+them. Used by the backend (``docker.py``, ``docker_adopt.py``), ``prime-agent doctor`` and
+``prime-agent shutdown`` (through ``orchestrator.sandbox.docker``, which re-exports them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import SandboxError, UserError
+from orchestrator.procs import pid_alive
+from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
+
+__all__ = [
+    "LABEL_DAEMON",
+    "LABEL_HOST_DIR",
+    "LABEL_HOST_PID",
+    "LABEL_INSTANCE",
+    "LABEL_OWNER",
+    "LABEL_ROOT",
+    "LABEL_SESSION",
+    "LABEL_SNAPSHOT_SLOT",
+    "OwnedContainer",
+    "docker_errors",
+    "docker_usable",
+    "find_orphans",
+    "list_owned",
+    "remove_containers",
+    "remove_orphans",
+    "translate_error",
+]
+
+LABEL_OWNER = "prime-agent.owner"
+LABEL_SESSION = "prime-agent.session"
+LABEL_ROOT = "prime-agent.root"
+LABEL_INSTANCE = "prime-agent.instance"
+LABEL_HOST_PID = "prime-agent.host-pid"  # the orchestrator process that started it
+# The daemon's control socket (daemon-owned containers only): such a container is not an orphan
+# while a daemon answers there, even though the process that started it is gone (adopted).
+LABEL_DAEMON = "prime-agent.daemon"
+LABEL_HOST_DIR = "prime-agent.host-dir"  # the host directory of its sockets (removed with it)
+# The host directory of its namespace-snapshot pool slot (pooled containers only;
+# orchestrator/sandbox/docker_slots.py): a slot no container names is swept.
+LABEL_SNAPSHOT_SLOT = "prime-agent.snapshot-slot"
+
+
+@dataclass(frozen=True)
+class OwnedContainer:
+    id: str
+    name: str
+    status: str  # docker's: created, running, exited, ...
+    session_id: str
+    root_id: str
+    instance: str
+    host_pid: int
+    daemon: str = ""  # LABEL_DAEMON: the socket of the daemon that owns it
+    host_dir: str = ""  # LABEL_HOST_DIR
+    snapshot_slot: str = ""  # LABEL_SNAPSHOT_SLOT
+
+
+def docker_usable(image: str = SESSION_IMAGE) -> tuple[bool, str]:
+    """(True, "") when an engine answers and ``image`` exists; else (False, why)."""
+    try:
+        client = docker_client()
+        if not image_exists(image, client):
+            return False, f"the session image {image} is not built (prime-agent images build)"
+    except (UserError, SandboxError) as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def docker_errors() -> Any:
+    import docker.errors
+
+    return docker.errors
+
+
+def translate_error(exc: BaseException, what: str) -> SandboxError:
+    text = str(exc).strip().splitlines()
+    return SandboxError(f"docker: {what}: {text[0] if text else type(exc).__name__}")
+
+
+def _owned_from(container: Any) -> OwnedContainer:
+    labels = container.labels or {}
+    try:
+        host_pid = int(labels.get(LABEL_HOST_PID, "0"))
+    except ValueError:
+        host_pid = 0
+    return OwnedContainer(
+        id=container.id,
+        name=container.name,
+        status=container.status,
+        session_id=labels.get(LABEL_SESSION, ""),
+        root_id=labels.get(LABEL_ROOT, ""),
+        instance=labels.get(LABEL_INSTANCE, ""),
+        host_pid=host_pid,
+        daemon=labels.get(LABEL_DAEMON, ""),
+        host_dir=labels.get(LABEL_HOST_DIR, ""),
+        snapshot_slot=labels.get(LABEL_SNAPSHOT_SLOT, ""),
+    )
+
+
+def list_owned(client: Any | None = None, *, owner: int | None = None) -> list[OwnedContainer]:
+    """Every container (running or not) with our labels, for ``owner`` (default: this uid)."""
+    client = client or docker_client()
+    owner = os.getuid() if owner is None else owner
+    try:
+        found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
+    except docker_errors().DockerException as exc:
+        raise translate_error(exc, "listing containers") from exc
+    return [_owned_from(c) for c in found]
+
+
+def find_orphans(
+    client: Any | None = None, *, live_sessions: set[str] | None = None
+) -> list[OwnedContainer]:
+    """Our containers that nobody owns any more: the orchestrator that started them is gone
+    and no daemon answers on their ``LABEL_DAEMON`` socket (and, when ``live_sessions`` is
+    given, their session is not one of them: adoptable)."""
+    from orchestrator.sandbox.docker_adopt import daemon_answers
+
+    orphans = []
+    for owned in list_owned(client):
+        if pid_alive(owned.host_pid):
+            continue
+        if owned.daemon and daemon_answers(owned.daemon):  # a daemon adopted (or will) it
+            continue
+        if live_sessions is not None and owned.session_id in live_sessions:
+            continue
+        orphans.append(owned)
+    return orphans
+
+
+def remove_containers(ids: list[str], client: Any | None = None) -> int:
+    """Force-remove containers by id; returns how many were removed."""
+    client = client or docker_client()
+    errors = docker_errors()
+    removed = 0
+    for cid in ids:
+        try:
+            client.containers.get(cid).remove(force=True)
+            removed += 1
+        except errors.NotFound:
+            continue
+        except errors.DockerException as exc:
+            raise translate_error(exc, f"removing {cid[:12]}") from exc
+    return removed
+
+
+def remove_orphans(client: Any | None = None) -> list[OwnedContainer]:
+    client = client or docker_client()
+    orphans = find_orphans(client)
+    remove_containers([o.id for o in orphans], client)
+    return orphans
