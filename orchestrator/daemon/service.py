@@ -15,8 +15,9 @@ records its ``aborted`` event, pushed to attached clients), stop sessions and sa
 the sessions ``inactive`` in the store (their sandbox is gone, their history is on disk), close
 the socket, stop NATS and the embedded model, close the store last.
 
-Sandboxes started here still die with the daemon (``SandboxSpec.die_with_parent``), like print
-mode's: adopting sandboxes that outlive a daemon crash (R2) is the next step (docs/daemon.md).
+Sandboxes started here outlive a crash of the daemon (no ``die_with_parent``) and are recorded
+in the store's ``sandboxes`` table; the next daemon adopts them before ``ready``
+(``orchestrator/sessions/adoption.py``: same kernel, variables intact) or removes them (R2, R8).
 """
 
 from __future__ import annotations
@@ -33,13 +34,17 @@ from typing import TYPE_CHECKING, Any, Final
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import E_BUSY
 from orchestrator.api.server import ControlServer, default_socket_path
+from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
 from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
+from orchestrator.sandbox.choice import BackendChoice
+from orchestrator.sessions.adoption import adopt_sandboxes
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.sessions.sandbox_records import SandboxRegistry
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.db import Store
 
@@ -74,7 +79,8 @@ def daemon_log_path(paths: Paths | None = None) -> Path:
 
 
 class Daemon:
-    """Owns one Store, one DaemonBus, one sandbox backend, one Orchestrator, one ControlServer."""
+    """Owns one Store, one DaemonBus, its sandbox backends (``DaemonBackends``), one
+    Orchestrator, one ControlServer."""
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class Daemon:
         self._store: Store | None = None
         self._orch: Orchestrator | None = None
         self._bus: DaemonBus | None = None
+        self._backends: DaemonBackends | None = None
         self._embedded: EmbeddedModel | None = None
         self._embedded_lock = asyncio.Lock()
         self._ready = asyncio.Event()
@@ -149,6 +156,12 @@ class Daemon:
         """A stored session's model, usable here: how the orchestrator wakes a session."""
         return await self.endpoint_for(resolve_model(selector, self.settings))
 
+    async def choose_backend(self, requested: str | None) -> BackendChoice:
+        """The sandbox backend of a new session: auto, docker or local (``UserError``)."""
+        if self._backends is None:
+            raise ApiCommandError(E_BUSY, "the daemon is still starting")
+        return await self._backends.choose(requested)
+
     async def abort_turn(self, live: LiveSession) -> bool:
         """Stop the running turn; the session stays loaded and takes new prompts."""
         aborted = await self.orch.abort_turn(live)
@@ -180,25 +193,31 @@ class Daemon:
 
     async def _start_components(self) -> None:
         from orchestrator.models.lite import preload_in_background
-        from orchestrator.sandbox.local import LocalBackend
 
         # litellm takes seconds to import: do it now, on a thread, not in the first turn.
         preload_in_background()
         self._store = await Store.open(self.paths.database_file)
-        backend = LocalBackend(
-            pool_size=self.settings.warm_pool_size,
-            interrupt_grace_s=self.settings.interrupt_grace_s,
-            output_cap_chars=self.settings.output_cap_chars,
+        backends = DaemonBackends(
+            self.settings, listener=SandboxRegistry(self._store), socket_path=self.socket_path
         )
-        self._bus = daemon_bus(self.paths)
+        self._backends = backends
+        await backends.start()
+        self._bus = daemon_bus(self.paths, self.settings.nats)
         self._orch = Orchestrator(
             store=self._store,
-            backend=backend,
+            backend=backends.local,
             settings=self.settings,
             paths=self.paths,
             bus=self._bus,
             sink=self._sink,
             resolve=self.resolve,
+            sandboxes_outlive_us=True,
+        )
+        # One dict: a docker backend found later (image built meanwhile) is seen by both.
+        self._orch.backends = backends.all
+        # A session a client watches is never idle-unloaded under it.
+        self._orch.idle.attached = lambda sid: (
+            self.server is not None and bool(self.server.attached_clients(sid))
         )
         await self._bus.start(FamilyService(self._orch).handlers())
         # Nothing is loaded yet, so rows that say running or idle were left by a daemon (or a
@@ -206,8 +225,18 @@ class Daemon:
         recovered = await self._orch.recover_interrupted()
         if recovered:
             log.info("marked %d session(s) left by a dead orchestrator inactive", len(recovered))
+        # Sandboxes a dead daemon left running: adopt (kernel state intact) or remove each,
+        # before redelivery (a woken recipient finds its old kernel) and before the pools.
+        adoption = await adopt_sandboxes(self._orch)
+        if adoption.adopted or adoption.removed or adoption.unknown_removed:
+            log.info(
+                "sandboxes left by a dead daemon: %d adopted, %d removed, %d unknown removed",
+                len(adoption.adopted),
+                len(adoption.removed),
+                adoption.unknown_removed,
+            )
         # A daemon is long-lived: keep warm sandboxes so a new session's first cell is fast.
-        backend.start_pool()
+        backends.start_pools()
         # Messages accepted before a crash or stop and not yet in their recipient's history
         # (R4): each wakes its recipient, once. Before `ready`, so a client never sees the
         # recipient idle with its message still in the mailbox.

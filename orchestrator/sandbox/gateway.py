@@ -460,6 +460,10 @@ class KernelGatewayClient:
             outcome = await self._wait(pending, asyncio.get_running_loop().time() + timeout_s)
         finally:
             self._pending = None
+        if outcome == "gone":
+            # The gateway restarted the kernel under this request: the next cell's ``prepare``
+            # must set the new one up (cwd, env, namespace) and say so.
+            self.unreported_restarts += 1
         if outcome != "done" or pending.reply is None:
             raise KernelDied(f"kernel setup did not complete ({outcome})")
         reply = pending.reply

@@ -8,13 +8,22 @@ so). What this backend does guarantee:
 - Nothing is left behind (R8): the gateway is a child subreaper that sweeps its descendants on
   exit, ``stop()`` sweeps them again from the host side, and with ``die_with_parent`` the
   gateway (and through it the kernel) dies with this process, even on SIGKILL.
+- Without ``die_with_parent`` (the daemon's sandboxes) the gateway outlives a crash of this
+  process: it is reported to the backend's ``listener`` (recorded in the store) and the next
+  daemon ``adopt``s it (same kernel, namespace intact) or ``remove``s it (R2, R8).
 - A warm pool (``WarmPool``) hides the ~1-2 s start behind the first cell.
+
+The gateway's stdout is its log file, not a pipe: a gateway that outlives us must not write
+into a pipe nobody reads (its kernel inherits that descriptor, and ipykernel echoes fd-level
+output there; a broken pipe would stop that echo thread and block the next writer). So the
+ready line ``{"port": N, "pid": P}`` is read from the log file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -26,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.procs import ChildProcess, ChildStartError, start_child
@@ -36,11 +46,14 @@ from orchestrator.sandbox.base import (
     SandboxBackend,
     SandboxRef,
     SandboxSpec,
+    WorkspaceMode,
 )
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import BASE_KERNEL_ENV_NAMES, TOKEN_ENV
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.pool import WarmPool
+from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy, local_workspace
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
     OUTPUT_STREAM_CAP_CHARS,
@@ -52,10 +65,12 @@ from orchestrator.settings import (
 __all__ = [
     "BACKEND_NAME",
     "GATEWAY_ENV_ALLOWLIST",
+    "AdoptedGateway",
     "LocalBackend",
     "LocalSandbox",
     "gateway_env",
     "kernel_env",
+    "owned_gateways",
 ]
 
 log = logging.getLogger(__name__)
@@ -71,10 +86,24 @@ RUNTIME_DIR_PREFIX = "prime-agent-sbx-"
 GATEWAY_LOG_NAME = "gateway.log"
 POOL_SESSION_ID = "pool"  # placeholder session of an idle pooled sandbox
 SOURCE_ROOT = str(Path(__file__).resolve().parents[2])
+GATEWAY_MODULE: Final = "orchestrator.sandbox.gateway_main"
+READY_LINE_PREFIX: Final = b'{"port"'  # gateway_main's ready line, in its log
+READY_POLL_S: Final = 0.01  # reading the log for the ready line
+STDERR_TAIL_BYTES: Final = 4096
+ADOPTED_STOP_POLL_S: Final = 0.05  # an adopted gateway is not our child: no waitpid
+OWNER_ENV: Final = "PRIME_AGENT_SANDBOX_OWNER"  # the daemon's socket (gateway_env)
+RUNTIME_DIR_FLAG: Final = "--runtime-dir"
 
 
-def gateway_env(token: str, parent: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The gateway child's environment: allowlisted names from ``parent`` plus our own."""
+def gateway_env(
+    token: str, parent: Mapping[str, str] | None = None, *, owner: str = ""
+) -> dict[str, str]:
+    """The gateway child's environment: allowlisted names from ``parent`` plus our own.
+
+    ``owner`` (the daemon's socket) marks the gateway as the daemon's, like a container label:
+    a later daemon finds and removes an unrecorded one (``LocalBackend.remove_unknown``). Only
+    the gateway's own environment carries it; kernels get an explicit env (``kernel_env``).
+    """
     parent = os.environ if parent is None else parent
     env = {name: parent[name] for name in GATEWAY_ENV_ALLOWLIST if parent.get(name)}
     # The interpreter's bin dir first: ``python``/``pip`` in %%bash are the kernel's own.
@@ -88,6 +117,8 @@ def gateway_env(token: str, parent: Mapping[str, str] | None = None) -> dict[str
     # gateway_main must import from our source tree even when the package is not installed.
     env["PYTHONPATH"] = SOURCE_ROOT
     env[TOKEN_ENV] = token
+    if owner:
+        env[OWNER_ENV] = owner
     return env
 
 
@@ -103,6 +134,113 @@ def _relative_to_root(path: Path) -> str:
     return str(path.resolve()).lstrip("/")
 
 
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - STDERR_TAIL_BYTES))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _own_runtime_dir(recorded: str) -> Path | None:
+    """``recorded`` when it is one of our runtime dirs (a direct child of the temp dir with our
+    prefix), else None: a path read back from the database is never removed blindly."""
+    if not recorded:
+        return None
+    path = Path(recorded)
+    temp = Path(tempfile.gettempdir()).resolve()
+    if path.parent.resolve() != temp or not path.name.startswith(RUNTIME_DIR_PREFIX):
+        return None
+    return path
+
+
+def _find_gateway(ref: SandboxRef) -> proctree.ProcInfo | None:
+    """The recorded gateway process if it still runs and is the same one: our gateway module
+    with the recorded runtime dir on its command line, leading its own process group (a
+    reused pid is never signalled)."""
+    try:
+        pid = int(ref.ref)
+    except ValueError:
+        return None
+    info = proctree.read_proc(pid)
+    if info is None or info.state == "Z" or info.pgid != pid:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if GATEWAY_MODULE.encode() not in argv or ref.runtime_dir.encode() not in argv:
+        return None
+    return info
+
+
+def owned_gateways(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
+    """Gateways marked by the daemon on socket ``owner`` (``prime-agent doctor``)."""
+    return _owned_gateways(owner)
+
+
+def _owned_gateways(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
+    """Running gateway processes whose environment carries ``OWNER_ENV=owner``, with their
+    runtime dirs (from /proc: readable for our own uid only, which is the point)."""
+    marker = f"{OWNER_ENV}={owner}".encode()
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not name.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+            if GATEWAY_MODULE.encode() not in argv:
+                continue
+            if marker not in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
+                continue
+            runtime_dir = argv[argv.index(RUNTIME_DIR_FLAG.encode()) + 1].decode()
+        except (OSError, ValueError, IndexError):
+            continue
+        info = proctree.read_proc(int(name))
+        if info is not None and info.state != "Z" and info.pgid == info.pid:
+            found.append((info, runtime_dir))
+    return found
+
+
+class AdoptedGateway:
+    """A gateway process an earlier orchestrator started (it outlived that process).
+
+    Not our child, so there is no exit status to wait for: liveness is "the same process (pid
+    and start time) still runs", and stopping signals its process group and polls.
+    """
+
+    def __init__(self, info: proctree.ProcInfo, log_path: Path):
+        self.info = info
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs; its real status is its new parent's to collect, so -1."""
+        return None if proctree.is_running(self.info) else -1
+
+    def stderr_tail(self) -> str:
+        return _tail(self.log_path)
+
+    async def stop(self, grace_s: float = PROCESS_STOP_GRACE_S) -> None:
+        """SIGTERM to the group (the gateway stops its kernel and sweeps) -> grace -> SIGKILL."""
+        if proctree.is_running(self.info):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.info.pid, signal.SIGTERM)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace_s
+            while proctree.is_running(self.info) and loop.time() < deadline:
+                await asyncio.sleep(ADOPTED_STOP_POLL_S)
+        # The leader may be gone while members of its group linger: sweep the group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.info.pid, signal.SIGKILL)
+
+
 class LocalSandbox(Sandbox):
     """One gateway child process and its kernel. Cells are serialized by the caller."""
 
@@ -110,7 +248,7 @@ class LocalSandbox(Sandbox):
         self,
         *,
         spec: SandboxSpec,
-        child: ChildProcess,
+        child: ChildProcess | AdoptedGateway,
         client: KernelGatewayClient,
         runtime_dir: Path,
         token: str,
@@ -131,15 +269,29 @@ class LocalSandbox(Sandbox):
             url=client.base_url,
             kernel_id=client.kernel_id,
             token=token,
+            runtime_dir=str(runtime_dir),
         )
         self._stopped = False
         self._lock = asyncio.Lock()  # one execution / restart at a time, whatever the caller
         self.on_stop: Callable[[LocalSandbox], None] | None = None  # the backend forgets us
+        # Set when the sandbox outlives us (not die_with_parent): it reports up/down there.
+        self.recorder: LocalBackend | None = None
+        # Workspace mode copy: the private copy the kernel runs in, synced back at stop.
+        self.workspace_copy: WorkspaceCopy | None = None
         client.on_restart = self._setup
 
     @property
     def gateway_pid(self) -> int:
         return self.child.pid
+
+    @property
+    def adopted(self) -> bool:
+        """Started by an earlier orchestrator process and adopted by this one."""
+        return isinstance(self.child, AdoptedGateway)
+
+    def _exit_status(self) -> int | None:
+        child = self.child
+        return child.proc.returncode if isinstance(child, ChildProcess) else child.returncode
 
     # --- session ----------------------------------------------------------------------------
 
@@ -155,6 +307,8 @@ class LocalSandbox(Sandbox):
         pid = reply.get("user_expressions", {}).get("pid", {})
         with contextlib.suppress(ValueError, TypeError, AttributeError):
             self.kernel_pid = int(pid["data"]["text/plain"])
+        if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
+            await self.after_kernel_start(self.client.run_silent)
 
     async def assign(self, spec: SandboxSpec) -> None:
         """Hand an idle pooled sandbox to a session: apply its cwd and env."""
@@ -163,6 +317,8 @@ class LocalSandbox(Sandbox):
         # A death while idle in the pool cost the new session nothing: do not report it.
         self.client.unreported_restarts = 0
         await self._setup()
+        if self.recorder is not None:
+            await self.recorder._report_up(self.ref)
 
     # --- Sandbox ----------------------------------------------------------------------------
 
@@ -193,6 +349,18 @@ class LocalSandbox(Sandbox):
                 result.kernel_restarted = True
             return result
 
+    async def run_silent(
+        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
+    ) -> dict[str, Any]:
+        async with self._lock:
+            self._check_usable()
+            try:
+                return await self.client.run_silent(
+                    code, user_expressions=user_expressions, timeout_s=timeout_s
+                )
+            except SandboxError as exc:
+                raise self._explain(exc) from exc
+
     async def interrupt(self) -> None:
         self._check_usable()
         try:
@@ -210,7 +378,7 @@ class LocalSandbox(Sandbox):
             self.client.unreported_restarts = 0
 
     async def is_alive(self) -> bool:
-        if self._stopped or self.child.proc.returncode is not None:
+        if self._stopped or self._exit_status() is not None:
             return False
         return await self.client.kernel_alive()
 
@@ -229,25 +397,29 @@ class LocalSandbox(Sandbox):
         await self.child.stop(PROCESS_STOP_GRACE_S)
         proctree.kill_all(snapshot, signal.SIGKILL)
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        copy, self.workspace_copy = self.workspace_copy, None
+        if copy is not None:  # nothing runs in it any more: sync it back
+            await asyncio.to_thread(finish_copy, copy)
+        if self.recorder is not None:
+            await self.recorder._report_down(self.ref)
 
     # --- helpers ----------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
         if self._stopped:
             raise SandboxError(f"sandbox {self.ref.session_id} is stopped")
-        if self.child.proc.returncode is not None:
+        if self._exit_status() is not None:
             raise KernelDied(self._gateway_exit_message())
 
     def _explain(self, exc: SandboxError) -> SandboxError:
-        if self.child.proc.returncode is not None:
+        if self._exit_status() is not None:
             return KernelDied(self._gateway_exit_message())
         return exc
 
     def _gateway_exit_message(self) -> str:
         tail = self.child.stderr_tail().strip().splitlines()[-3:]
-        return (
-            f"kernel gateway (pid {self.child.pid}) exited with status "
-            f"{self.child.proc.returncode}" + (": " + " | ".join(tail) if tail else "")
+        return f"kernel gateway (pid {self.child.pid}) exited with status {self._exit_status()}" + (
+            ": " + " | ".join(tail) if tail else ""
         )
 
 
@@ -269,7 +441,12 @@ class LocalBackend(SandboxBackend):
         output_cap_chars: int = OUTPUT_STREAM_CAP_CHARS,
         start_timeout_s: float = SANDBOX_START_TIMEOUT_S,
         python: str = sys.executable,
+        workspace_mode: WorkspaceMode = "rw",  # ro only warns; copy: workspace.py
+        owner: str = "",  # the daemon's socket: marks its gateways (gateway_env)
     ):
+        self.owner = owner
+        self.workspace_mode = workspace_mode
+        self._warned_ro = False
         self.interrupt_grace_s = interrupt_grace_s
         self.output_cap_chars = output_cap_chars
         self.start_timeout_s = start_timeout_s
@@ -295,13 +472,23 @@ class LocalBackend(SandboxBackend):
             raise SandboxError("backend is closed")
         _check_spec(spec)
         spec = replace(spec, cwd=spec.cwd.resolve())
-        if self.pool is not None:
-            self.pool.start()
-            sandbox = await self.pool.acquire(spec)
-        else:
-            sandbox = await self._start_cold(spec)
-        self._owned.add(sandbox)
-        sandbox.on_stop = self._owned.discard
+        mode = spec.workspace or self.workspace_mode
+        spec, copy = await asyncio.to_thread(
+            local_workspace, spec, mode, warn=mode == "ro" and not self._warned_ro
+        )
+        self._warned_ro = self._warned_ro or mode == "ro"
+        try:
+            if self.pool is not None:
+                self.pool.start()
+                sandbox = await self.pool.acquire(spec)
+            else:
+                sandbox = await self._start_cold(spec)
+        except BaseException:
+            if copy is not None:  # nothing ran in it: no work to keep
+                await asyncio.to_thread(copy.remove)
+            raise
+        sandbox.workspace_copy = copy
+        self._own(sandbox)
         return sandbox
 
     async def close(self) -> None:
@@ -312,6 +499,79 @@ class LocalBackend(SandboxBackend):
         async with asyncio.TaskGroup() as tg:
             for sandbox in owned:
                 tg.create_task(sandbox.stop())
+
+    # --- adoption (the daemon's start-up, orchestrator/sessions/adoption.py) ----------------
+
+    async def adopt(self, ref: SandboxRef, spec: SandboxSpec) -> LocalSandbox:
+        """Reconnect to a gateway an earlier daemon started (loopback URL + token), same
+        kernel; a cell still running there is interrupted (``reattach``)."""
+        if self._closed:
+            raise SandboxError("backend is closed")
+        runtime_dir = _own_runtime_dir(ref.runtime_dir)
+        info = _find_gateway(ref) if runtime_dir is not None else None
+        if runtime_dir is None or info is None:
+            raise SandboxError(f"gateway {ref.ref} is gone")
+        client = KernelGatewayClient(ref.url, ref.token)
+        try:
+            async with asyncio.timeout(self.start_timeout_s):
+                interrupted = await reattach(
+                    client,
+                    ref.kernel_id,
+                    interrupt_grace_s=self.interrupt_grace_s,
+                    ready_timeout_s=self.start_timeout_s,
+                )
+        except (SandboxError, TimeoutError) as exc:
+            with contextlib.suppress(Exception):
+                await client.close()
+            raise SandboxError(f"gateway {ref.ref} could not be adopted: {exc!r}") from exc
+        sandbox = LocalSandbox(
+            spec=spec,
+            child=AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME),
+            client=client,
+            runtime_dir=runtime_dir,
+            token=ref.token,
+            interrupt_grace_s=self.interrupt_grace_s,
+            output_cap_chars=self.output_cap_chars,
+        )
+        self._own(sandbox)
+        if not spec.die_with_parent:
+            sandbox.recorder = self  # its row goes when it stops
+        log.info(
+            "adopted local sandbox %s (gateway pid %s%s)",
+            spec.session_id,
+            ref.ref,
+            ", its running cell was interrupted" if interrupted else "",
+        )
+        return sandbox
+
+    async def remove(self, ref: SandboxRef) -> None:
+        """Stop a recorded gateway that is not adopted (only if it is still that very
+        process) and remove its runtime dir."""
+        runtime_dir = _own_runtime_dir(ref.runtime_dir)
+        info = _find_gateway(ref) if runtime_dir is not None else None
+        if info is not None:
+            snapshot = proctree.descendants(info.pid)
+            await AdoptedGateway(info, Path(ref.runtime_dir) / GATEWAY_LOG_NAME).stop()
+            proctree.kill_all(snapshot, signal.SIGKILL)
+        if runtime_dir is not None:
+            shutil.rmtree(runtime_dir, ignore_errors=True)
+
+    async def remove_unknown(self, known: set[str]) -> int:
+        """Gateways marked with our ``owner`` that are not among ``known`` (recorded pids) and
+        not our own children: a daemon killed between spawning one and recording it."""
+        if not self.owner:
+            return 0
+        removed = 0
+        for info, runtime_dir in _owned_gateways(self.owner):
+            if str(info.pid) in known or info.ppid == os.getpid():
+                continue
+            await self.remove(SandboxRef(BACKEND_NAME, str(info.pid), "", "", "", "", runtime_dir))
+            removed += 1
+        return removed
+
+    def _own(self, sandbox: LocalSandbox) -> None:
+        self._owned.add(sandbox)
+        sandbox.on_stop = self._owned.discard
 
     async def _start_cold(self, spec: SandboxSpec) -> LocalSandbox:
         return await self._start(spec, pooled=False)
@@ -330,13 +590,13 @@ class LocalBackend(SandboxBackend):
         started = time.monotonic()
         runtime_dir = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
         token = secrets.token_urlsafe(TOKEN_BYTES)
-        env = gateway_env(token)
+        env = gateway_env(token, owner=self.owner)
         argv = [
             self.python,
             "-P",  # never import from the cwd
             "-m",
-            "orchestrator.sandbox.gateway_main",
-            "--runtime-dir",
+            GATEWAY_MODULE,
+            RUNTIME_DIR_FLAG,
             str(runtime_dir),
             "--python",
             self.python,
@@ -347,6 +607,7 @@ class LocalBackend(SandboxBackend):
             argv += ["--env-allow", name]
         child: ChildProcess | None = None
         client: KernelGatewayClient | None = None
+        early: SandboxRef | None = None  # reported as soon as there is a process to clean up
         try:
             try:
                 child = await start_child(
@@ -357,11 +618,21 @@ class LocalBackend(SandboxBackend):
                     ready_timeout_s=self.start_timeout_s,
                     stderr_path=runtime_dir / GATEWAY_LOG_NAME,
                     what="kernel gateway",
+                    ready_line=False,  # stdout is the log (module docstring)
+                )
+                child.ready = await _read_ready_line(
+                    child, runtime_dir / GATEWAY_LOG_NAME, self.start_timeout_s
                 )
             except ChildStartError as exc:
                 raise SandboxStartError(str(exc)) from exc
             booted = time.monotonic()
-            client = KernelGatewayClient(f"http://127.0.0.1:{int(child.ready['port'])}", token)
+            url = f"http://127.0.0.1:{int(child.ready['port'])}"
+            if not spec.die_with_parent:
+                early = SandboxRef(
+                    BACKEND_NAME, str(child.pid), spec.session_id, url, "", token, str(runtime_dir)
+                )
+                await self._report_up(early)
+            client = KernelGatewayClient(url, token)
             async with asyncio.timeout(self.start_timeout_s):
                 await client.start_kernel(
                     env=kernel_env(spec.env, env), path=_relative_to_root(spec.cwd)
@@ -385,11 +656,16 @@ class LocalBackend(SandboxBackend):
             if child is not None:
                 await child.stop()
             shutil.rmtree(runtime_dir, ignore_errors=True)
+            if early is not None:
+                await asyncio.shield(self._report_down(early))
             if isinstance(exc, SandboxStartError):
                 raise
             if isinstance(exc, (SandboxError, TimeoutError, OSError, ValueError, KeyError)):
                 raise SandboxStartError(f"local sandbox did not start: {exc!r}") from exc
             raise
+        if early is not None:
+            sandbox.recorder = self
+            await self._report_up(sandbox.ref)
         ready = time.monotonic()
         log.info(
             "local sandbox %s%s: gateway %.0f ms, kernel %.0f ms",
@@ -399,6 +675,39 @@ class LocalBackend(SandboxBackend):
             (ready - booted) * 1000,
         )
         return sandbox
+
+
+async def _read_ready_line(child: ChildProcess, log_path: Path, timeout_s: float) -> dict[str, Any]:
+    """The gateway's ready line, from its log (its stdout); ``ChildStartError`` when it exits
+    first or stays silent past ``timeout_s`` (the child is stopped then)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    offset = 0
+    partial = b""
+    while True:
+        try:
+            with open(log_path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except OSError:
+            data = b""
+        offset += len(data)
+        *lines, partial = (partial + data).split(b"\n")
+        for line in lines:
+            if line.startswith(READY_LINE_PREFIX):
+                with contextlib.suppress(ValueError):
+                    ready = json.loads(line)
+                    if isinstance(ready, dict):
+                        return ready
+        if child.proc.returncode is not None:
+            await child.stop()
+            raise ChildStartError("kernel gateway exited before it was ready", child)
+        if loop.time() >= deadline:
+            await child.stop()
+            raise ChildStartError(
+                f"kernel gateway did not become ready in {timeout_s:.0f} s", child
+            )
+        await asyncio.sleep(READY_POLL_S)
 
 
 def _check_spec(spec: SandboxSpec) -> None:

@@ -5,8 +5,8 @@
   the active path, budget), closes its interrupted cell, tells it the REPL is fresh, and its
   answer is built on the old context; mailbox redelivery submits each message once.
 - Through the daemon: a message queued behind a child's long cell survives ``kill -9`` of the
-  daemon; the restarted daemon reloads the child (new sandbox) and the message enters its
-  context exactly once, also after a second crash.
+  daemon; the restarted daemon reloads the child (its sandbox adopted, the long cell
+  interrupted) and the message enters its context exactly once, also after a second crash.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import child_id_for
 from orchestrator.sessions.manager import INTERRUPTED_CELL_TEXT, RELOADED_NOTICE, Orchestrator
+from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
@@ -48,6 +49,7 @@ POLL_INTERVAL_S = 0.1
 STOP_TIMEOUT_S = 30.0
 # The child's cell outlasts the test: only the daemon's death ends it.
 NAP_S = 600
+NAP_MARKER = "napping"  # the child's long cell creates it (in the session cwd) once it runs
 SECRET = "PINEAPPLE"
 
 
@@ -231,7 +233,7 @@ repeat forever:
     when "receipt":
         text: root waits
     when "nap for a while":
-        code: import time; time.sleep({NAP_S}); print("napped")
+        code: open({NAP_MARKER!r}, "w").close(); import time; time.sleep({NAP_S}); print("napped")
     when "wake up and report":
         text: reporting after restart
 """
@@ -320,6 +322,11 @@ async def _before_crash(cwd: Path, model: FakeModelServer) -> tuple[str, str, st
             )
 
         await _poll("the child's long cell with the root idle", napping)
+
+        async def in_kernel() -> bool:  # the cell runs (its sandbox is not still starting)
+            return (cwd / NAP_MARKER).exists()
+
+        await _poll("the child's long cell in its kernel", in_kernel)
         return root, child, match.group(2)
     finally:
         await client.close()
@@ -358,8 +365,9 @@ def test_a_queued_message_survives_a_daemon_crash_and_is_delivered_once(
     pid = _start_daemon()
     try:
         root, child, message_id = asyncio.run(_before_crash(tmp_path, r4_model))
-        # kill -9: the child's sandbox dies with the daemon (mid-cell), NATS and its JetStream
-        # mailbox survive; the message was only queued in memory when the daemon died.
+        # kill -9: the child's sandbox (mid-cell), NATS and its JetStream mailbox survive; the
+        # message was only queued in memory when the daemon died. The restarted daemon adopts
+        # the sandbox (interrupting the cell) before it redelivers.
         _kill_daemon(pid)
         pid = _start_daemon()
         events = asyncio.run(_after_restart(root, child, message_id))
@@ -374,7 +382,7 @@ def test_a_queued_message_survives_a_daemon_crash_and_is_delivered_once(
         ]
         assert woken[-1].endswith("wake up and report")
         assert sum("wake up and report" in m for m in woken) == 1
-        assert INTERRUPTED_CELL_TEXT in woken and RELOADED_NOTICE in woken
+        assert INTERRUPTED_CELL_TEXT in woken and ADOPTED_NOTICE in woken
 
         # A second crash: nothing is left to redeliver, so nothing is woken or delivered again.
         _kill_daemon(pid)

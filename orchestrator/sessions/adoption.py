@@ -1,0 +1,100 @@
+"""A restarted daemon adopts the sandboxes its predecessor left running (SPEC.md §4, R2, R8).
+
+Runs once at start-up, after ``Orchestrator.recover_interrupted`` (every cell that was running
+has its ``interrupted`` result and every interrupted turn its ``aborted`` event: they are
+never re-run) and before mailbox redelivery and ``ready`` (so a redelivered message already
+finds its recipient's old kernel).
+
+For each row of the ``sandboxes`` table (``SandboxRegistry`` wrote it):
+
+- its session exists and is not terminal (deleted, aborted, error) → ``backend.adopt``:
+  reconnect to the gateway with the recorded URL/socket, token and kernel id; a kernel still
+  running the dead daemon's cell is interrupted; the sandbox waits in ``orch.adopted`` until
+  the session is loaded, and its next cell runs in the same kernel (variables intact);
+- anything else (an idle warm-pool sandbox, an unknown or terminal session, a sandbox that
+  was still starting, one that is gone or does not answer, a second one for a session) →
+  ``backend.remove`` (local: the gateway's process group; docker: the container) and the row
+  goes.
+
+Then each backend removes what carries this daemon's labels but is in no row
+(``remove_unknown``: a container created just before the crash, not yet recorded).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from orchestrator.errors import SandboxError, UserError
+from orchestrator.ids import validate_session_id
+from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxRef
+from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.sessions.sandbox_records import ref_of
+
+__all__ = ["AdoptionReport", "adopt_sandboxes"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AdoptionReport:
+    adopted: list[str] = field(default_factory=list)  # session ids
+    removed: list[str] = field(default_factory=list)  # "backend/ref" of recorded sandboxes
+    unknown_removed: int = 0  # labelled but unrecorded (docker)
+
+
+async def adopt_sandboxes(orch: Orchestrator) -> AdoptionReport:
+    """Adopt or remove every recorded sandbox; see the module docstring."""
+    report = AdoptionReport()
+    known: dict[str, set[str]] = {}
+    for row in await orch.store.list_sandboxes():
+        known.setdefault(row.backend, set()).add(row.ref)
+        ref = ref_of(row)
+        backend = orch.backends.get(row.backend)
+        if backend is None:
+            log.warning("sandbox %s/%s: its backend is not available; forgetting it", *_ids(ref))
+        else:
+            outcome = await _try_adopt(orch, backend, ref)
+            if not isinstance(outcome, str):
+                orch.adopted.put(ref.session_id, outcome)
+                report.adopted.append(ref.session_id)
+                continue
+            log.info("removing sandbox %s/%s: %s", *_ids(ref), outcome)
+            try:
+                await backend.remove(ref)
+            except Exception:  # the row goes anyway; `doctor` finds a container left behind
+                log.exception("removing sandbox %s/%s failed", *_ids(ref))
+        await orch.store.delete_sandbox(row.backend, row.ref)
+        report.removed.append("/".join(_ids(ref)))
+    for name, backend in orch.backends.items():
+        try:
+            report.unknown_removed += await backend.remove_unknown(known.get(name, set()))
+        except SandboxError as exc:
+            log.warning("sweeping unknown %s sandboxes failed: %s", name, exc)
+    return report
+
+
+async def _try_adopt(orch: Orchestrator, backend: SandboxBackend, ref: SandboxRef) -> Sandbox | str:
+    """The adopted sandbox, or why it is not adopted."""
+    try:
+        validate_session_id(ref.session_id)
+    except UserError:
+        return "an idle warm-pool sandbox"
+    record = await orch.store.get_session(ref.session_id)
+    if record is None:
+        return f"session {ref.session_id} is unknown"
+    if record.status in TERMINAL_STATES:
+        return f"session {ref.session_id} is {record.status}"
+    if ref.session_id in orch.adopted:
+        return f"session {ref.session_id} has an adopted sandbox already"
+    if record.backend != ref.backend:
+        return f"session {ref.session_id} uses the {record.backend} backend"
+    try:
+        spec = await orch.sandbox_spec(record)
+        return await backend.adopt(ref, spec)
+    except SandboxError as exc:
+        return f"session {ref.session_id}: {exc}"
+
+
+def _ids(ref: SandboxRef) -> tuple[str, str]:
+    return ref.backend, ref.ref
