@@ -23,7 +23,7 @@ from orchestrator.store.events import UserMessagePayload
 
 __all__ = ["Inbound", "LiveSession", "child_id_for"]
 
-SessionState = Literal["running", "idle", "completed", "error", "aborted", "deleted"]
+SessionState = Literal["running", "idle", "completed", "error", "aborted", "deleted", "failed"]
 
 
 def child_id_for(session_id: str) -> str:

@@ -1,0 +1,229 @@
+"""Each session's sandbox over its lifetime: started with bounded backoff, kept, revived.
+
+The session manager asks ``SandboxSupervisor`` for the sandbox task of a session before every
+cell (``task_for``) and routes every new sandbox through it (``started``). The supervisor:
+
+- wraps each sandbox in a ``KeptSandbox`` (``sessions/snapshots.py``): debounced namespace
+  snapshots, revival in every new kernel, a last snapshot before the sandbox stops;
+- starts a new sandbox when the last one is ``lost`` (gone between or during cells);
+- backs off after a failed start (``START_BACKOFF_BASE_S``, doubling, at most
+  ``START_BACKOFF_MAX_S``) and after ``START_MAX_FAILURES`` failures in a row marks the session
+  ``failed``: no more attempts until new input starts a turn (``before_turn``);
+- on a wake from the store, starts the sandbox at once when a snapshot exists, so that the
+  first turn's harness note can say which names came back (``revive_on_load``).
+
+docs/snapshots.md describes the whole mechanism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from orchestrator.errors import SandboxStartError
+from orchestrator.paths import Paths
+from orchestrator.sandbox.base import Sandbox
+from orchestrator.sessions.live import LiveSession
+from orchestrator.sessions.snapshots import KeptSandbox, NamespaceKeeper, snapshot_dir_for
+from orchestrator.settings import SANDBOX_START_TIMEOUT_S, SNAPSHOT_DEBOUNCE_S
+from orchestrator.store.events import UserMessagePayload
+
+__all__ = [
+    "FAILED_STATE",
+    "START_BACKOFF_BASE_S",
+    "START_BACKOFF_MAX_S",
+    "START_MAX_FAILURES",
+    "SandboxSupervisor",
+]
+
+log = logging.getLogger(__name__)
+
+START_BACKOFF_BASE_S: Final = 1.0  # after the n-th failed start in a row: 1, 2, 4 ... s
+START_BACKOFF_MAX_S: Final = 60.0
+START_MAX_FAILURES: Final = 3  # failed starts in a row before the session is ``failed``
+FAILED_STATE: Final = "failed"
+# How long a woken session's first turn waits for its sandbox (and revival) before the model
+# is called anyway (the revival notice then comes with the first cell's result).
+REVIVAL_WAIT_S: Final = SANDBOX_START_TIMEOUT_S
+NOTE_PREFIX: Final = "[notice] "
+
+
+@dataclass
+class _Session:
+    keeper: NamespaceKeeper
+    failures: int = 0  # failed starts in a row
+    retry_at: float = 0.0  # loop time before which no new start is tried
+    failed: bool = False
+    awaiting_revival: bool = False  # woken with a snapshot: the first turn waits for it
+    last_error: str = field(default="")
+
+
+class SandboxSupervisor:
+    """See the module docstring. The attributes are the bounds (tests shorten them)."""
+
+    def __init__(self, paths: Paths, *, debounce_s: float = SNAPSHOT_DEBOUNCE_S):
+        self.paths = paths
+        self.debounce_s = debounce_s
+        self.backoff_base_s = START_BACKOFF_BASE_S
+        self.backoff_max_s = START_BACKOFF_MAX_S
+        self.max_failures = START_MAX_FAILURES
+        self._sessions: dict[str, _Session] = {}
+
+    # --- per-session state ------------------------------------------------------------------
+
+    def snapshot_dir(self, session_id: str) -> Path:
+        return snapshot_dir_for(self.paths, session_id)
+
+    def keeper(self, session_id: str) -> NamespaceKeeper:
+        return self._session(session_id).keeper
+
+    def _session(self, session_id: str) -> _Session:
+        state = self._sessions.get(session_id)
+        if state is None:
+            keeper = NamespaceKeeper(self.snapshot_dir(session_id), debounce_s=self.debounce_s)
+            state = self._sessions[session_id] = _Session(keeper)
+        return state
+
+    def forget(self, session_id: str) -> None:
+        """The session left memory (unloaded); a wake starts from a clean slate."""
+        self._sessions.pop(session_id, None)
+
+    def is_failed(self, session_id: str) -> bool:
+        state = self._sessions.get(session_id)
+        return state is not None and state.failed
+
+    # --- starting ---------------------------------------------------------------------------
+
+    async def started(
+        self, live: LiveSession, create: Awaitable[Sandbox], *, revive: bool = True
+    ) -> Sandbox:
+        """Await ``create`` (a new sandbox for ``live``) and keep it; count a failure.
+
+        ``revive=False`` for an adopted sandbox: its kernel kept the namespace.
+        """
+        state = self._session(live.id)
+        try:
+            sandbox = await create
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self._failed_start(live, state, exc) from exc
+        state.failures = 0
+        state.retry_at = 0.0
+        keeper = state.keeper
+        keeper.keep = lambda: live.state != "deleted"
+        kept = KeptSandbox(sandbox, keeper)
+        if revive:
+            await keeper.revive(sandbox.run_silent, new_sandbox=True)
+        else:
+            await keeper.adopt(sandbox.run_silent)
+        return kept
+
+    def _failed_start(self, live: LiveSession, state: _Session, exc: Exception) -> Exception:
+        loop = asyncio.get_running_loop()
+        state.failures += 1
+        delay = min(self.backoff_base_s * 2 ** (state.failures - 1), self.backoff_max_s)
+        state.retry_at = loop.time() + delay
+        state.last_error = str(exc)
+        log.warning("sandbox of %s did not start (%d in a row): %s", live.id, state.failures, exc)
+        if state.failures >= self.max_failures:
+            state.failed = True
+            return SandboxStartError(
+                f"{exc}; the sandbox failed to start {state.failures} times in a row, so this "
+                "session is marked failed: stop running cells; it tries again when it gets a "
+                "new prompt"
+            )
+        return SandboxStartError(
+            f"{exc} (failed start {state.failures} of {self.max_failures}; the next cell "
+            f"tries again after {delay:g} s)"
+        )
+
+    async def task_for(
+        self, live: LiveSession, start: Callable[[], Awaitable[Sandbox]]
+    ) -> asyncio.Task[Sandbox]:
+        """The session's sandbox task for the next cell: the current one, or a new start when
+        the last start failed (after its backoff) or the sandbox was lost. Raises
+        ``SandboxStartError`` while the session is failed."""
+        state = self._session(live.id)
+        task = live.sandbox_task
+        if task is not None and task.done() and _spent(task):
+            live.sandbox_task = None
+        if live.sandbox_task is None:
+            if state.failed:
+                raise SandboxStartError(
+                    f"this session is failed: its sandbox did not start {state.failures} times "
+                    f"in a row (last error: {state.last_error}); it tries again when it gets a "
+                    "new prompt"
+                )
+            wait = state.retry_at - asyncio.get_running_loop().time()
+            if wait > 0:
+                await asyncio.sleep(wait)  # the backoff; the cell waits for it
+        return live.ensure_sandbox(start)
+
+    # --- waking and turns -------------------------------------------------------------------
+
+    def revive_on_load(self, live: LiveSession, start: Callable[[], Awaitable[Sandbox]]) -> bool:
+        """A session loaded from the store: when it has a snapshot, start its sandbox now (the
+        namespace is revived there) and return True; the first turn's note says what came
+        back. False: no snapshot, the REPL starts empty."""
+        state = self._session(live.id)
+        if not state.keeper.has_snapshot():
+            return False
+        state.awaiting_revival = True
+        live.ensure_sandbox(start)
+        return True
+
+    async def before_turn(self, live: LiveSession) -> None:
+        """At the start of every turn (new input): a failed session may try again, and a
+        revival notice becomes a harness note the model reads before the input."""
+        state = self._session(live.id)
+        if state.failed:
+            log.info("session %s: new input, its sandbox is tried again", live.id)
+            state.failed = False
+            state.failures = 0
+            state.retry_at = 0.0
+        task = live.sandbox_task
+        if state.awaiting_revival and task is not None:
+            state.awaiting_revival = False
+            with contextlib.suppress(Exception):  # a failed start is retried at the next cell
+                async with asyncio.timeout(REVIVAL_WAIT_S):
+                    await asyncio.shield(task)
+        notice = state.keeper.take_notice()
+        if notice:
+            live.notes.append(UserMessagePayload(text=NOTE_PREFIX + notice, source="harness"))
+
+    def resting_state(self, live: LiveSession, default: str) -> str:
+        """The state after a turn: ``failed`` when the sandbox gave up, else ``default``."""
+        return FAILED_STATE if self.is_failed(live.id) else default
+
+    # --- snapshots on demand ----------------------------------------------------------------
+
+    async def snapshot_now(self, live: LiveSession) -> dict[str, Any] | None:
+        """Snapshot the session's namespace now if its sandbox is up (idle unload, tests)."""
+        task = live.sandbox_task
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        sandbox = task.result()
+        if not isinstance(sandbox, KeptSandbox) or sandbox.lost:
+            return None
+        state = self._session(live.id)
+        await state.keeper.cancel()
+        return await state.keeper.save(sandbox)
+
+    async def flush(self, live: LiveSession) -> None:
+        """Snapshot when a cell ran since the last snapshot (before an unload)."""
+        if self._session(live.id).keeper.dirty:
+            await self.snapshot_now(live)
+
+
+def _spent(task: asyncio.Task[Sandbox]) -> bool:
+    """A finished sandbox task that is of no more use: its start failed, or it was lost."""
+    if task.cancelled() or task.exception() is not None:
+        return True
+    sandbox = task.result()
+    return isinstance(sandbox, KeptSandbox) and sandbox.lost

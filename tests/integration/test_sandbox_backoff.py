@@ -1,0 +1,52 @@
+"""Bounded restart backoff: a sandbox that will not start (a real failing start: the backend's
+interpreter is ``/bin/false``) is retried with backoff, then the session becomes ``failed``
+(in memory and in the store) and is tried again only when it gets a new prompt."""
+
+from __future__ import annotations
+
+import sys
+
+from orchestrator.sandbox.local import LocalBackend
+from orchestrator.sessions.supervisor import START_MAX_FAILURES
+from tests.integration.test_snapshots import harness, new_session
+
+BACKOFF_S = 0.05
+SCRIPT = """
+repeat forever:
+    when "PLEASE-RUN":
+        code: print("hi")
+    when "tries again after":
+        code: print("hi")
+    when "marked failed":
+        code: print("hi")
+    when "this session is failed":
+        text: giving up
+    when re "^hi$":
+        text: done
+"""
+
+
+async def test_repeated_start_failures_back_off_then_fail_until_a_new_prompt() -> None:
+    backend = LocalBackend(pool_size=0, python="/bin/false")
+    async with harness(SCRIPT, backend=backend) as h:
+        h.orch.sandboxes.backoff_base_s = BACKOFF_S
+        live = await new_session(h, eager=False)
+        await h.prompt(live, "PLEASE-RUN")
+        results = await h.tool_results(live)
+        assert [r["status"] for r in results] == ["sandbox_error"] * (START_MAX_FAILURES + 1)
+        texts = [str(r["text"]) for r in results]
+        assert "failed start 1 of 3; the next cell tries again after 0.05 s" in texts[0]
+        assert "failed start 2 of 3; the next cell tries again after 0.1 s" in texts[1]
+        assert "marked failed" in texts[2]
+        assert "this session is failed" in texts[3]  # no fourth start was tried
+        assert live.state == "failed"
+        rows = {r.id: r.status for r in await h.store.list_sessions()}
+        assert rows[live.id] == "failed"
+
+        backend.python = sys.executable  # repaired; only a new prompt tries again
+        live = await h.prompt(live, "PLEASE-RUN again")
+        last = (await h.tool_results(live))[-1]
+        assert last["status"] == "ok" and last["text"] == "hi"
+        assert live.state == "idle"
+        rows = {r.id: r.status for r in await h.store.list_sessions()}
+        assert rows[live.id] == "idle"
