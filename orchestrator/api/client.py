@@ -33,6 +33,7 @@ from orchestrator.api.errors import (
     ApiCommandError,
     ConnectionClosed,
     DaemonNotRunning,
+    DaemonUnresponsive,
     PermissionDenied,
     ProtocolMismatch,
 )
@@ -41,6 +42,7 @@ from orchestrator.api.framing import (
     FrameError,
     LineReader,
     decode_line,
+    encode_command,
     encode_message,
 )
 from orchestrator.api.protocol import (
@@ -132,6 +134,12 @@ class ControlClient:
         try:
             async with asyncio.timeout(timeout):
                 welcome = await cls._handshake(writer, lines, client_id, capabilities)
+        except TimeoutError:
+            writer.close()
+            raise DaemonUnresponsive(
+                f"the daemon on {path} did not answer within {timeout:.0f} s; it may be "
+                "stuck (see its log, or restart it with prime-agent daemon stop --force)"
+            ) from None
         except BaseException:
             writer.close()
             raise
@@ -226,7 +234,7 @@ class ControlClient:
         if self.closed:
             raise ConnectionClosed(self._closed_reason())
         try:
-            line = encode_message(command)
+            line = encode_command(command)
         except FrameError as exc:
             raise ApiCommandError(E_LINE_TOO_LONG, exc.message) from None
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
@@ -255,13 +263,25 @@ class ControlClient:
 
     async def events(self) -> AsyncIterator[Event | Resync]:
         """Events and resyncs in arrival order, until the connection ends."""
-        while True:
-            while not self._events:
-                if self.closed:
-                    return
-                self._events_ready.clear()
-                await self._events_ready.wait()
-            yield self._events.popleft()
+        while (item := await self.next_event()) is not None:
+            yield item
+
+    async def next_event(self) -> Event | Resync | None:
+        """The next event or resync; None once the connection has ended and none is left.
+
+        Cancelling a waiting call loses nothing: an item is taken only when it is returned.
+        """
+        while not self._events:
+            if self.closed:
+                return None
+            self._events_ready.clear()
+            await self._events_ready.wait()
+        return self._events.popleft()
+
+    def next_event_nowait(self) -> Event | Resync | None:
+        """An event already received, or None. Everything the daemon sent before a response
+        is queued by the time that response's request returns (one reader, in order)."""
+        return self._events.popleft() if self._events else None
 
     def _queue_event(self, message: Event | Resync) -> None:
         if len(self._events) >= CLIENT_EVENT_QUEUE_MAX:

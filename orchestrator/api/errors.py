@@ -13,6 +13,7 @@ __all__ = [
     "ConnectionClosed",
     "DaemonAlreadyRunning",
     "DaemonNotRunning",
+    "DaemonUnresponsive",
     "PermissionDenied",
     "ProtocolMismatch",
     "SocketPathError",
@@ -21,6 +22,7 @@ __all__ = [
 # Codes for failures that never travel on the wire (the connection is gone or never existed).
 CODE_CONNECTION_CLOSED = "connection_closed"
 CODE_NOT_RUNNING = "not_running"
+CODE_UNRESPONSIVE = "unresponsive"
 CODE_ALREADY_RUNNING = "already_running"
 CODE_BAD_SOCKET_PATH = "bad_socket_path"
 CODE_PERMISSION_DENIED = "permission_denied"  # same string as protocol.E_PERMISSION_DENIED
@@ -50,6 +52,14 @@ class DaemonNotRunning(UserError, ApiError):
 
     def __init__(self, message: str):
         super().__init__(CODE_NOT_RUNNING, message)
+
+
+class DaemonUnresponsive(UserError, ApiError):
+    """Something holds the socket but did not complete the handshake in time (a daemon that is
+    wedged or very busy)."""
+
+    def __init__(self, message: str):
+        super().__init__(CODE_UNRESPONSIVE, message)
 
 
 class DaemonAlreadyRunning(UserError, ApiError):

@@ -29,6 +29,7 @@ __all__ = [
     "LineReader",
     "Overlong",
     "decode_line",
+    "encode_command",
     "encode_message",
 ]
 
@@ -145,6 +146,27 @@ def encode_message(message: BaseModel, *, max_line_bytes: int = MAX_LINE_BYTES) 
         raise FrameError(
             E_RESULT_TOO_LARGE,
             f"{message.__class__.__name__} of {len(data)} bytes exceeds the "
+            f"{max_line_bytes}-byte line cap",
+        )
+    return data + _NEWLINE
+
+
+def encode_command(command: BaseModel, *, max_line_bytes: int = MAX_LINE_BYTES) -> bytes:
+    """A command as a line, leaving out the fields that hold their default value.
+
+    The daemon fills defaults in, so the meaning is the same; and a daemon that predates an
+    optional field (same protocol version, older install) only refuses a command that actually
+    uses it, instead of every command of that type.
+    """
+    body = {
+        "type": getattr(command, "type", None),
+        **command.model_dump(mode="json", exclude_defaults=True),
+    }
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    if len(data) > max_line_bytes:
+        raise FrameError(
+            E_RESULT_TOO_LARGE,
+            f"{command.__class__.__name__} of {len(data)} bytes exceeds the "
             f"{max_line_bytes}-byte line cap",
         )
     return data + _NEWLINE

@@ -44,19 +44,27 @@ __all__ = [
     "MAX_ID_CHARS",
     "MUTATING_COMMAND_TYPES",
     "PROTOCOL_VERSION",
+    "RECENT_EVENTS_MAX",
     "SERVER_CAPABILITIES",
+    "TREE_PAGE_MAX_NODES",
     "Abort",
     "Attach",
+    "Branch",
     "ClientMessage",
+    "Clone",
     "Command",
+    "Compact",
     "CreateSession",
     "Detach",
     "ErrorInfo",
     "ErrorMessage",
     "Event",
+    "ExportSession",
+    "Fork",
     "GetSession",
     "GetUsage",
     "Hello",
+    "ImportSession",
     "ListSessions",
     "Ping",
     "Prompt",
@@ -65,6 +73,7 @@ __all__ = [
     "SendMessage",
     "ServerMessage",
     "Shutdown",
+    "Tree",
     "WaitQuiet",
     "Welcome",
     "client_message_adapter",
@@ -81,8 +90,17 @@ MAX_API_BASE_CHARS = 2048
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
+# `get_session {recent}` returns at most this many of the newest events (as attach replays).
+RECENT_EVENTS_MAX = 1000
 # A hello listing more capabilities than this is a broken or hostile client.
 MAX_CAPABILITIES = 64
+# An export's target path (PATH_MAX on Linux).
+MAX_PATH_CHARS = 4096
+# `compact` instructions (the kernel's compact.run has the same limit).
+COMPACT_INSTRUCTIONS_MAX_CHARS = 4000
+# `tree` answers at most this many events per page (each about 200 bytes of JSON: far below the
+# 1 MiB line cap); the client asks again from `next_after`.
+TREE_PAGE_MAX_NODES = 2000
 
 # Capabilities. A feature used only when both sides list it; the intersection is stored per client.
 CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
@@ -165,11 +183,16 @@ class Ping(_Command):
 
 class ListSessions(_Command):
     type: Literal["list_sessions"] = "list_sessions"
+    # Filters (optional, so a client that sends neither talks to any version-1 daemon).
+    roots_only: bool = False
+    cwd: str | None = Field(default=None, min_length=1)
 
 
 class GetSession(_Command):
     type: Literal["get_session"] = "get_session"
     session: Token
+    # Also return the newest `recent` events (bounded like an attach replay) and the cursor.
+    recent: int = Field(default=0, ge=0, le=RECENT_EVENTS_MAX)
 
 
 class CreateSession(_Command):
@@ -204,6 +227,9 @@ class Attach(_Command):
     session: Token
     # The last cursor the client applied; the daemon replays what follows or sends a snapshot.
     cursor: int | None = Field(default=None, ge=0)
+    # Also push the events of the session's descendants (children spawned later included); the
+    # answer lists the descendants that exist already, so the client can attach to each.
+    family: bool = False
 
 
 class Detach(_Command):
@@ -222,6 +248,84 @@ class GetUsage(_Command):
     type: Literal["get_usage"] = "get_usage"
     session: Token | None = None
     tree: bool = False
+    # Without `session`: only the `limit` most recently created root sessions.
+    limit: int | None = Field(default=None, ge=1)
+    # Also return per-session rows (calls, tokens, cost, models) for the selection.
+    rows: bool = False
+
+
+class ExportSession(_Command):
+    """Write the session as pi v3 JSONL to ``path`` (absolute; created 0600, replaced if it
+    exists): the daemon owns the database while it runs, so exports go through it. Same uid
+    as the client (R15), so the daemon writes nothing the client could not write itself."""
+
+    type: Literal["export_session"] = "export_session"
+    session: Token
+    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+
+
+class Tree(_Command):
+    """One page of the session's event tree (docs/tree.md): events after ``after_seq``."""
+
+    type: Literal["tree"] = "tree"
+    session: Token
+    after_seq: int = Field(default=0, ge=0)
+    limit: int = Field(default=TREE_PAGE_MAX_NODES, ge=1, le=TREE_PAGE_MAX_NODES)
+
+
+class Branch(_Command):
+    """Move the session's leaf to ``event`` (a seq number or an event id), recording
+    ``summary`` there first when given. Refused (busy) while the session or a loaded
+    descendant runs; an idle loaded session is unloaded, so it reloads from the new leaf."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["branch"] = "branch"
+    session: Token
+    event: Token
+    summary: str | None = None
+
+
+class Fork(_Command):
+    """A new inactive session holding the path up to ``event`` (default: the leaf)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["fork"] = "fork"
+    session: Token
+    event: Token | None = None
+
+
+class Clone(_Command):
+    """A new inactive session holding a copy of the session's active path."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["clone"] = "clone"
+    session: Token
+
+
+class ImportSession(_Command):
+    """Read the pi / Prime Agent session file at ``path`` (absolute, read by the daemon: same
+    uid as the client) into a new inactive session. ``cwd`` overrides the file's; the file's
+    is used when it is a directory here, else ``fallback_cwd``."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["import_session"] = "import_session"
+    path: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    model: str | None = Field(default=None, min_length=1, max_length=MAX_API_BASE_CHARS)
+    cwd: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_CHARS)
+    fallback_cwd: str | None = Field(default=None, min_length=1, max_length=MAX_PATH_CHARS)
+    backend: str | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+
+
+class Compact(_Command):
+    """``/compact [instructions]``: summarise the older part of the session's context
+    (docs/compaction.md). An idle session is compacted before the answer; a session in a turn
+    compacts at its next step boundary (``scheduled: true``)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["compact"] = "compact"
+    session: Token
+    instructions: str | None = Field(default=None, max_length=COMPACT_INSTRUCTIONS_MAX_CHARS)
 
 
 class WaitQuiet(_Command):
@@ -253,6 +357,13 @@ _Commands = (
     | Detach
     | SendMessage
     | GetUsage
+    | ExportSession
+    | Tree
+    | Branch
+    | Fork
+    | Clone
+    | ImportSession
+    | Compact
     | WaitQuiet
     | Shutdown
 )
@@ -270,6 +381,13 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     Detach,
     SendMessage,
     GetUsage,
+    ExportSession,
+    Tree,
+    Branch,
+    Fork,
+    Clone,
+    ImportSession,
+    Compact,
     WaitQuiet,
     Shutdown,
 )

@@ -27,7 +27,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -163,6 +163,8 @@ class ClientInfo:
     capabilities: frozenset[str] = frozenset()
     # Sessions whose events this connection receives; maintained by the server on attach/detach.
     attached: set[str] = field(default_factory=set)
+    # Sessions whose descendants' events it receives too (``attach {family: true}``).
+    family: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,16 @@ class CommandHandler(abc.ABC):
         """Called once per connection that completed the handshake, after it is gone."""
         return None
 
+    def ancestors(self, session: str) -> Sequence[str]:
+        """The sessions above ``session`` (parent first): clients attached to one of them with
+        ``family`` get its events. Called for each broadcast while such clients exist."""
+        return ()
+
+    def journal_path(self) -> Path | None:
+        """Where the idempotency journal persists (read at start, under the socket lock);
+        None keeps it in memory."""
+        return None
+
 
 def _truncate(text: str) -> str:
     return text if len(text) <= MAX_ERROR_MESSAGE_CHARS else text[:MAX_ERROR_MESSAGE_CHARS] + "…"
@@ -203,6 +215,12 @@ def _failure_line(command_id: str, code: str, message: str) -> bytes:
         command_id=command_id, ok=False, error=ErrorInfo(code=code, message=_truncate(message))
     )
     return encode_message(response)
+
+
+def _uncertain_line(command_id: str) -> bytes:
+    """The answer to a journaled command whose run ended with the daemon, not with an answer."""
+    msg = "the daemon stopped while this command ran; its effect is uncertain"
+    return _failure_line(command_id, E_SHUTTING_DOWN, msg)
 
 
 def _validation_summary(exc: ValidationError) -> str:
@@ -312,6 +330,11 @@ class ControlServer:
             raise SocketPathError(f"{parent} belongs to another user; refusing to serve there")
         self._take_lock()
         try:
+            journal_path = self._handler.journal_path()
+            if journal_path is not None:
+                # Under the lock: only the daemon that owns the socket reads or writes it.
+                loaded = self.journal.open(journal_path, _uncertain_line)
+                log.info("idempotency journal %s: %d entries", journal_path, loaded)
             await self._remove_stale_socket()
             self._server = await asyncio.start_unix_server(self._on_connect, path=str(path))
             # The directory is 0700, so nobody else could connect in between; 0600 is the
@@ -386,6 +409,7 @@ class ControlServer:
         await asyncio.gather(*self._command_tasks, *self._conn_tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+        self.journal.close()
         self._unlink_own_socket()
         self._release_lock()
 
@@ -412,7 +436,18 @@ class ControlServer:
         Returns the number of clients it was queued for. A client whose queue overflowed twice
         without draining is disconnected here.
         """
-        targets = [c for c in self._connections.values() if session in c.info.attached]
+        conns = self._connections.values()
+        lineage: frozenset[str] = frozenset()
+        if any(c.info.family for c in conns):
+            try:
+                lineage = frozenset(self._handler.ancestors(session))
+            except Exception:
+                log.exception("ancestors(%s) failed", session)
+        targets = [
+            c
+            for c in conns
+            if session in c.info.attached or (lineage and not lineage.isdisjoint(c.info.family))
+        ]
         if not targets:
             return 0
         data: bytes | None
@@ -542,6 +577,7 @@ class ControlServer:
         still read, so its running commands get to answer, for at most ``EOF_FLUSH_TIMEOUT_S``;
         a client that is really gone makes the writer fail and ends this sooner."""
         conn.info.attached.clear()  # no new events for a client that said goodbye
+        conn.info.family.clear()
         async with asyncio.timeout(EOF_FLUSH_TIMEOUT_S):
             with contextlib.suppress(TimeoutError):
                 while conn.tasks and not writer_task.done():
@@ -715,31 +751,36 @@ class ControlServer:
         except asyncio.CancelledError:
             # Only when the daemon stops mid-command: repeats must not wait forever, and they
             # must not be told it succeeded.
-            msg = "the daemon stopped while this command ran; its effect is uncertain"
-            entry.result.set_result(_failure_line(command.command_id, E_SHUTTING_DOWN, msg))
+            self.journal.complete(key, entry, _uncertain_line(command.command_id))
             raise
-        entry.result.set_result(line)
+        self.journal.complete(key, entry, line)
         return line
 
     async def _execute(self, client: ClientInfo, command: Command) -> bytes:
         attaching = command.session if isinstance(command, Attach) else None
+        family = isinstance(command, Attach) and command.family
         if attaching is not None:
             # Attach before the handler runs so no event between its replay and our bookkeeping
             # is lost; clients drop events whose cursor they already have.
             client.attached.add(attaching)
+            if family:
+                client.family.add(attaching)
         try:
             result = await self._handler.handle(client, command)
         except ApiCommandError as exc:
             if attaching is not None:
                 client.attached.discard(attaching)
+                client.family.discard(attaching)
             return _failure_line(command.command_id, exc.code, exc.message)
         except Exception:
             if attaching is not None:
                 client.attached.discard(attaching)
+                client.family.discard(attaching)
             log.exception("handler failed on %s %s", command.type, command.command_id)
             return _failure_line(command.command_id, E_INTERNAL, "internal error; see daemon log")
         if isinstance(command, Detach):
             client.attached.discard(command.session)
+            client.family.discard(command.session)
         try:
             return encode_message(Response(command_id=command.command_id, ok=True, result=result))
         except FrameError as exc:

@@ -17,12 +17,16 @@ except ImportError:  # pragma: no cover - older typer on plain click
     from click.exceptions import UsageError  # type: ignore[assignment]
 
 from orchestrator.cli import agents as agents_cmd
+from orchestrator.cli import compact as compact_cmd
 from orchestrator.cli import daemon as daemon_cmd
 from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import images as images_cmd
+from orchestrator.cli import import_ as import_cmd
 from orchestrator.cli import run as run_cmd
+from orchestrator.cli import sessions as sessions_cmd
 from orchestrator.cli import shutdown as shutdown_cmd
+from orchestrator.cli import tree as tree_cmd
 from orchestrator.cli import usage as usage_cmd
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
 
@@ -41,8 +45,29 @@ app.command(
     "shutdown", help="Stop the daemon, its sessions and sandboxes; remove stale containers."
 )(shutdown_cmd.shutdown)
 app.command("agents", help="Session trees: status, depth, backend, usage.")(agents_cmd.agents)
+app.command("attach", help="Follow a session's events (Ctrl-C detaches; it keeps running).")(
+    sessions_cmd.attach
+)
+app.command("send", help="Send a session a message (a user turn).")(sessions_cmd.send)
+app.command("observe", help="A session's state, usage and newest events.")(sessions_cmd.observe)
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
+)
+app.command("import", help="Read a pi / Prime Agent session file into a new session.")(
+    import_cmd.import_session
+)
+app.command("tree", help="A session's event tree: branches, the active path, the leaf.")(
+    tree_cmd.tree
+)
+app.command("branch", help="Move a session's leaf to an earlier event (--summary: keep why).")(
+    tree_cmd.branch
+)
+app.command("fork", help="A new session from a session's path up to an event.")(tree_cmd.fork)
+app.command("clone", help="A new session holding a copy of a session's active path.")(
+    tree_cmd.clone
+)
+app.command("compact", help="Summarise the older part of a session's context (/compact).")(
+    compact_cmd.compact
 )
 app.add_typer(images_cmd.images_app, name="images")
 app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
@@ -53,7 +78,26 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset({"usage", "export", "agents", "images", "doctor", "daemon", "shutdown"})
+SUBCOMMANDS = frozenset(
+    {
+        "usage",
+        "export",
+        "agents",
+        "attach",
+        "send",
+        "observe",
+        "images",
+        "doctor",
+        "daemon",
+        "shutdown",
+        "import",
+        "tree",
+        "branch",
+        "fork",
+        "clone",
+        "compact",
+    }
+)
 
 
 def _invoke(group: typer.Typer, args: list[str]) -> None:

@@ -23,15 +23,18 @@ from orchestrator.api.errors import ApiCommandError, ConnectionClosed, DaemonNot
 from orchestrator.api.protocol import E_BUSY
 from orchestrator.api.server import default_socket_path
 from orchestrator.cli.common import EXIT_USAGE, fail
-from orchestrator.errors import PrimeAgentError
+from orchestrator.errors import PrimeAgentError, UserError
 from orchestrator.paths import Paths, ensure_private_dir
 
 __all__ = [
+    "DAEMON_CONNECT_TIMEOUT_S",
     "DAEMON_START_TIMEOUT_S",
     "DAEMON_STOP_TIMEOUT_S",
     "EXIT_NOT_RUNNING",
+    "DaemonStartError",
     "daemon_app",
     "daemon_info",
+    "start_daemon",
 ]
 
 # Start-up is NATS + the store (well under a second) plus interpreter imports; a slow or loaded
@@ -39,7 +42,9 @@ __all__ = [
 DAEMON_START_TIMEOUT_S: Final = 60.0
 # Stopping aborts running turns and stops every sandbox (each bounded by PROCESS_STOP_GRACE_S).
 DAEMON_STOP_TIMEOUT_S: Final = 60.0
-PING_TIMEOUT_S: Final = 5.0
+# Connecting and the handshake. Generous: a daemon's event loop can be held for seconds (litellm's
+# import on a loaded machine), and a slow answer is not a missing daemon.
+DAEMON_CONNECT_TIMEOUT_S: Final = 30.0
 POLL_INTERVAL_S: Final = 0.1
 EXIT_NOT_RUNNING: Final = 3
 # How much of the daemon's log to quote when it died during start-up.
@@ -56,7 +61,7 @@ daemon_app = typer.Typer(
 def daemon_info() -> dict[str, Any] | None:
     """The daemon's ping answer, or None when nothing answers on the socket."""
     try:
-        result = request_sync("ping", timeout=PING_TIMEOUT_S)
+        result = request_sync("ping", timeout=DAEMON_CONNECT_TIMEOUT_S)
     except (DaemonNotRunning, ConnectionClosed):
         return None
     except PrimeAgentError as exc:  # another version, another user, a bad socket path
@@ -90,14 +95,21 @@ def _describe(info: dict[str, Any]) -> str:
     return f"pid {info.get('pid')}, socket {info.get('socket')}"
 
 
-@daemon_app.command("start", help="Start the daemon in the background (no-op if it runs).")
-def start() -> None:
+class DaemonStartError(UserError):
+    """The daemon did not come up (its log's last line says why)."""
+
+
+def start_daemon() -> tuple[dict[str, Any], bool]:
+    """Start the daemon unless one answers: its ping answer, and whether this call started it.
+
+    One daemon per user: two callers racing here both spawn one, the socket's lock lets one
+    win, and both get the winner's answer. Raises ``DaemonStartError``.
+    """
     from orchestrator.daemon.service import daemon_log_path
 
     info = daemon_info()
     if info is not None:
-        typer.echo(f"daemon already running ({_describe(info)})")
-        return
+        return info, False
     paths = Paths.from_env()
     log_path = daemon_log_path(paths)
     ensure_private_dir(log_path.parent)
@@ -118,21 +130,30 @@ def start() -> None:
     while time.monotonic() < deadline:
         info = daemon_info()
         if info is not None and info.get("ready"):
-            if info.get("pid") != proc.pid:
-                # We raced another `daemon start`; ours lost the socket lock and exits.
-                typer.echo(f"daemon already running ({_describe(info)})")
-            else:
-                typer.echo(f"daemon started ({_describe(info)}, log {log_path})")
-            return
+            # Another pid: we raced another start; ours lost the socket lock and exits.
+            return info, info.get("pid") == proc.pid
         if proc.poll() is not None and info is None:
             detail = _log_tail_line(paths) or f"exit status {proc.returncode}"
-            fail(f"error: the daemon did not start: {detail}", EXIT_USAGE)
+            raise DaemonStartError(f"the daemon did not start: {detail}")
         time.sleep(POLL_INTERVAL_S)
-    fail(
-        f"error: the daemon (pid {proc.pid}) did not answer within "
-        f"{DAEMON_START_TIMEOUT_S:.0f} s; see {log_path}",
-        EXIT_USAGE,
+    raise DaemonStartError(
+        f"the daemon (pid {proc.pid}) did not answer within "
+        f"{DAEMON_START_TIMEOUT_S:.0f} s; see {log_path}"
     )
+
+
+@daemon_app.command("start", help="Start the daemon in the background (no-op if it runs).")
+def start() -> None:
+    from orchestrator.daemon.service import daemon_log_path
+
+    try:
+        info, started = start_daemon()
+    except DaemonStartError as exc:
+        fail(f"error: {exc}", EXIT_USAGE)
+    if started:
+        typer.echo(f"daemon started ({_describe(info)}, log {daemon_log_path()})")
+    else:
+        typer.echo(f"daemon already running ({_describe(info)})")
 
 
 @daemon_app.command("stop", help="Stop the daemon and every session and sandbox it runs.")
@@ -147,7 +168,7 @@ def stop(
         return
     pid = int(info["pid"])
     try:
-        request_sync("shutdown", force=force, timeout=PING_TIMEOUT_S)
+        request_sync("shutdown", force=force, timeout=DAEMON_CONNECT_TIMEOUT_S)
     except ApiCommandError as exc:
         hint = " (use --force)" if exc.code == E_BUSY else ""
         fail(f"error: {exc}{hint}", EXIT_USAGE)

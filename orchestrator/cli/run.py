@@ -35,6 +35,14 @@ class Backend(StrEnum):
     local = "local"
 
 
+class Workspace(StrEnum):
+    """How the project directory reaches the sandbox (docs/docker.md, "Workspace modes")."""
+
+    rw = "rw"
+    ro = "ro"  # read-only (the local backend cannot enforce it and says so)
+    copy = "copy"  # a private copy, synced back into the project when the sandbox stops
+
+
 def _read_stdin() -> str:
     if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
         return ""
@@ -54,6 +62,21 @@ def run(
     mode: Annotated[Mode, typer.Option("--mode", help="text, or json: every event as a line.")] = (
         Mode.text
     ),
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            "-r",
+            help="Continue this session (id, prefix or name): run the task as a follow-up, or "
+            "attach when there is none.",
+        ),
+    ] = None,
+    continue_last: Annotated[
+        bool,
+        typer.Option(
+            "--continue", "-c", help="Like --resume, with the newest session of this directory."
+        ),
+    ] = False,
     model: Annotated[
         str | None, typer.Option("--model", help="provider/name, e.g. openai/gpt-4o-mini.")
     ] = None,
@@ -83,12 +106,43 @@ def run(
         bool,
         typer.Option("--no-daemon", help="Run in this process even when a daemon is running."),
     ] = False,
+    nats_url: Annotated[
+        str | None,
+        typer.Option(
+            "--nats-url",
+            help="Use this external NATS server (operator mode; the account signing key "
+            "comes from [nats] in config.toml) instead of starting one.",
+        ),
+    ] = None,
+    workspace: Annotated[
+        Workspace | None,
+        typer.Option(
+            "--workspace",
+            help="Project directory in the sandbox: rw, ro (read-only) or copy (a private "
+            "copy synced back at the end). Default: sandbox.workspace in config.toml, rw.",
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            "--image",
+            help="Sandbox image (docker): session, rust, cuda or an image tag. Default: "
+            "sandbox.image in config.toml, session.",
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
     piped = _read_stdin()
     if piped.strip():
         text = f"{text}\n\n{piped}".strip() if text else piped.strip()
+    if resume is not None or continue_last:
+        from orchestrator.cli.resume import ResumeRequest, resume_session
+
+        request = ResumeRequest(
+            resume, continue_last, text, cwd, mode is Mode.json, model, api_base, no_daemon
+        )
+        raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
     if not text:
         if sys.stdin is not None and sys.stdin.isatty() and not print_mode:
             fail('the interactive TUI is not built yet: run prime-agent -p "your task"')
@@ -98,7 +152,18 @@ def run(
         fail(f"--cwd {workdir} is not a directory")
     code = guarded(
         lambda: _run(
-            text, model, api_base, workdir.resolve(), backend.value, mode, debug, network, no_daemon
+            text,
+            model,
+            api_base,
+            workdir.resolve(),
+            backend.value,
+            mode,
+            debug,
+            network,
+            no_daemon,
+            nats_url,
+            workspace.value if workspace is not None else None,
+            image,
         ),
         debug=debug,
     )
@@ -143,6 +208,9 @@ def _run(
     debug: bool,
     network: bool = False,
     no_daemon: bool = False,
+    nats_url: str | None = None,
+    workspace: str | None = None,
+    image: str | None = None,
 ) -> int:
     from orchestrator.cli.daemon import daemon_info
     from orchestrator.models.lite import preload_in_background
@@ -152,7 +220,26 @@ def _run(
 
     paths = Paths.from_env()
     settings = load_settings(paths.config_file)
+    configured_nats_url = settings.nats.url
+    if nats_url is not None:
+        settings = settings.with_overrides(nats=settings.nats.model_copy(update={"url": nats_url}))
+    sandbox_options = {"workspace": workspace, "image": image}
+    sandbox_options = {k: v for k, v in sandbox_options.items() if v is not None}
+    if sandbox_options:
+        settings = settings.with_overrides(
+            sandbox=settings.sandbox.model_copy(update=sandbox_options)
+        )
     if not no_daemon and daemon_info() is not None:
+        if sandbox_options:
+            raise UserError(
+                "--workspace/--image: a running daemon uses [sandbox] from its config.toml; "
+                "set it there, or add --no-daemon"
+            )
+        if nats_url is not None and nats_url != configured_nats_url:
+            raise UserError(
+                "--nats-url: a running daemon uses the bus from its config.toml; "
+                "set [nats] url there, or add --no-daemon"
+            )
         # A running daemon owns the database: go through it (same output, same exit codes).
         return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings)
     # Resolve before starting anything: a bad model or missing key is a one-line error.

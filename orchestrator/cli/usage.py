@@ -1,9 +1,14 @@
-"""``prime-agent usage``: tokens and cost per session, read from the store."""
+"""``prime-agent usage``: tokens and cost per session.
+
+Through the daemon (started on first use) like ``agents``; with autostart off and no daemon,
+read from the database directly. Same output either way.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
@@ -11,7 +16,10 @@ import typer
 from orchestrator.cli.common import guarded
 from orchestrator.paths import Paths
 
-__all__ = ["usage"]
+__all__ = ["totals_text", "usage"]
+
+# What a usage row carries besides the store's UsageSummary (the daemon adds them).
+_ROW_EXTRAS = ("status", "name")
 
 
 def usage(
@@ -25,27 +33,51 @@ def usage(
     debug: Annotated[bool, typer.Option("--debug")] = False,
 ) -> None:
     if tree is not None:
-        from orchestrator.cli.agents import load_forest
-        from orchestrator.sessions.accounting import render_tree
+        from orchestrator.cli.agents import fetch_forest, print_forest
 
-        forest = guarded(lambda: asyncio.run(load_forest(tree)), debug=debug)
-        if as_json:
-            typer.echo(json.dumps([n.as_dict() for n in forest], default=str))
-        else:
-            for line in render_tree(forest):
-                typer.echo(line)
+        forest = guarded(lambda: fetch_forest(tree), debug=debug)
+        print_forest(forest, as_json=as_json)
         return
-    guarded(lambda: asyncio.run(_usage(session, as_json)), debug=debug)
+    rows = guarded(lambda: _rows(session), debug=debug)
+    if rows is None:
+        typer.echo("no sessions yet")
+        return
+    _print_rows(rows, as_json)
 
 
-async def _usage(selector: str | None, as_json: bool) -> None:
+def totals_text(totals: dict[str, Any]) -> str:
+    """``270 tokens in 2 calls, unknown (2 calls)`` from a ``Totals.as_dict``."""
+    from orchestrator.sessions.accounting import Totals
+
+    names = Totals.__dataclass_fields__
+    t = Totals(**{k: v for k, v in totals.items() if k in names})
+    return f"{t.tokens} tokens in {t.calls} calls, {t.cost_text()}"
+
+
+def _rows(selector: str | None) -> list[dict[str, Any]] | None:
+    """Usage rows (UsageSummary fields plus status and name); None: no database yet."""
+    from orchestrator.cli.connect import DaemonLink, ensure_daemon
+
+    if ensure_daemon():
+
+        async def ask() -> list[dict[str, Any]]:
+            async with DaemonLink() as link:
+                fields: dict[str, Any] = {"rows": True}
+                if selector:
+                    fields["session"] = selector
+                answer = await link.call("get_usage", **fields)
+            return list(answer.get("rows") or [])
+
+        return asyncio.run(ask())
+    return asyncio.run(_read_rows(selector))
+
+
+async def _read_rows(selector: str | None) -> list[dict[str, Any]] | None:
     from orchestrator.store.db import Store
-    from orchestrator.store.queries import format_cost
 
     paths = Paths.from_env()
     if not paths.database_file.exists():
-        typer.echo("no sessions yet")
-        return
+        return None
     store = await Store.open(paths.database_file, read_only=True)
     try:
         ids: list[str] | None = None
@@ -56,28 +88,39 @@ async def _usage(selector: str | None, as_json: bool) -> None:
 
                 raise UserError(f"no session matches {selector!r}")
             ids = [found.id]
-        rows = await store.usage_summary(ids)
+        summaries = await store.usage_summary(ids)
         sessions = {s.id: s for s in await store.list_sessions()}
     finally:
         await store.close()
+    rows = []
+    for summary in summaries:
+        known = sessions.get(summary.session_id)
+        row = asdict(summary)
+        row["status"] = known.status if known is not None else ""
+        row["name"] = known.name if known is not None else None
+        rows.append(row)
+    return rows
+
+
+def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
+    from orchestrator.store.queries import UsageSummary, format_cost
+
     if as_json:
         for row in rows:
-            typer.echo(json.dumps(_as_dict(row), default=str))
+            plain = {k: v for k, v in row.items() if k not in _ROW_EXTRAS}
+            typer.echo(json.dumps(plain, default=str))
         return
     header = f"{'session':<16} {'status':<10} {'calls':>5} {'input':>9} {'output':>8} "
     header += f"{'cache r/w':>13} {'cost':>22}  model / name"
     typer.echo(header)
+    names = UsageSummary.__dataclass_fields__
     for row in rows:
-        s = sessions.get(row.session_id)
+        summary = UsageSummary(**{k: v for k, v in row.items() if k in names})
+        models = ", ".join(row.get("models") or [])
         typer.echo(
-            f"{row.session_id:<16} {(s.status if s else ''):<10} {row.calls:>5} "
-            f"{row.input:>9} {row.output:>8} {f'{row.cache_read}/{row.cache_write}':>13} "
-            f"{format_cost(row):>22}  "
-            f"{', '.join(row.models)} / {(s.name if s and s.name else '')[:40]}"
+            f"{summary.session_id:<16} {row.get('status') or ''!s:<10} {summary.calls:>5} "
+            f"{summary.input:>9} {summary.output:>8} "
+            f"{f'{summary.cache_read}/{summary.cache_write}':>13} "
+            f"{format_cost(summary):>22}  "
+            f"{models} / {str(row.get('name') or '')[:40]}"
         )
-
-
-def _as_dict(row: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(row)

@@ -1,9 +1,15 @@
-"""Print and JSON mode through a running daemon (issue 5): same output, same exit codes.
+"""Print and JSON mode through the daemon (issue 5): same output, same exit codes.
 
 The daemon owns the database while it runs, so a print-mode run goes through it: create the
-session with its task, attach (replaying anything already recorded), stream events, and ask the
-daemon to answer when the whole tree is quiet; ``release`` then unloads the tree (sandboxes
-stop, the session stays on disk and reloads on demand). Ctrl-C aborts the running turn.
+session with its task, attach with ``family`` (replaying anything already recorded, and
+receiving every descendant's events as the in-process JSON mode does), stream events, and ask
+the daemon to answer when the whole tree is quiet; ``release`` then records ``run_end`` and
+unloads the tree (sandboxes stop, the session stays on disk and reloads on demand). Ctrl-C
+aborts the running turn.
+
+``--resume ID|NAME`` / ``--continue`` with a task run it as a follow-up on an existing session
+the same way: attach from the session's current cursor (only this run's events are printed),
+``prompt``, wait for quiet. The session is released afterwards only if this run loaded it.
 """
 
 from __future__ import annotations
@@ -12,14 +18,27 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from orchestrator.cli.connect import DaemonLink
+from orchestrator.cli.follow import Follower
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
+from orchestrator.errors import UserError
 
-__all__ = ["run_via_daemon"]
+__all__ = ["continue_via_daemon", "latest_root", "run_via_daemon"]
 
-CREATE_TIMEOUT_S = 120.0  # the daemon may start the embedded model for this session
+CREATE_TIMEOUT_S: Final = 120.0  # the daemon may start the embedded model for this session
+# JSON mode's first line names the session format version (pi / Prime Agent session files).
+SESSION_FORMAT_VERSION: Final = 3
+# Sessions that cannot be continued, whatever their age.
+_NOT_CONTINUABLE: Final = frozenset({"deleted"})
+
+
+def _sink(json_mode: bool) -> JsonLinesSink | ProgressSink | None:
+    if json_mode:
+        return JsonLinesSink()
+    return ProgressSink() if sys.stderr.isatty() else None
 
 
 async def run_via_daemon(
@@ -32,22 +51,14 @@ async def run_via_daemon(
     json_mode: bool,
     wait_timeout_s: float,
 ) -> int:
-    from orchestrator.api.client import ControlClient
     from orchestrator.api.errors import ApiCommandError
-    from orchestrator.api.protocol import CreateSession, Event, WaitQuiet
+    from orchestrator.api.protocol import CreateSession
 
-    sink: JsonLinesSink | ProgressSink | None = None
-    if json_mode:
-        sink = JsonLinesSink()
-    elif sys.stderr.isatty():
-        sink = ProgressSink()
-    client = await ControlClient.connect()
-    session = ""
-    try:
+    async with DaemonLink() as link:
         try:
-            created: dict[str, Any] = await client.request(
+            created: dict[str, Any] = await link.client.request(
                 CreateSession(
-                    command_id=client.new_command_id(),
+                    command_id=link.client.new_command_id(),
                     cwd=str(cwd),
                     task=text,
                     model=model,
@@ -59,53 +70,105 @@ async def run_via_daemon(
         except ApiCommandError as exc:
             print(f"prime-agent: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        session = str(created["session"])
+        if created.get("warning"):  # auto without docker: the session is not isolated
+            print(f"prime-agent: warning: {created['warning']}", file=sys.stderr)
+        return await _run(
+            link,
+            str(created["session"]),
+            cwd=str(cwd),
+            json_mode=json_mode,
+            wait_timeout_s=wait_timeout_s,
+            release=True,
+        )
+
+
+async def continue_via_daemon(
+    *,
+    selector: str | None,
+    text: str,
+    cwd: Path,
+    json_mode: bool,
+    wait_timeout_s: float,
+) -> int:
+    """``--resume SELECTOR`` (or ``--continue``: ``selector`` None) with a task."""
+    async with DaemonLink() as link:
+        sid = selector or await latest_root(link, cwd)
+        found: dict[str, Any] = await link.call("get_session", session=sid, recent=1)
+        row = found["session"]
+        return await _run(
+            link,
+            str(row["id"]),
+            cwd=str(row.get("cwd") or cwd),
+            json_mode=json_mode,
+            wait_timeout_s=wait_timeout_s,
+            # Unload afterwards only what this run woke: another client may be using it.
+            release=not row.get("live"),
+            cursor=int(found.get("cursor") or 0),
+            follow_up=text,
+        )
+
+
+async def latest_root(link: DaemonLink, cwd: Path) -> str:
+    """The id of the most recently active root session started in ``cwd`` (``--continue``)."""
+    listing = await link.call("list_sessions", roots_only=True, cwd=str(cwd))
+    roots = [s for s in listing.get("sessions") or [] if s.get("status") not in _NOT_CONTINUABLE]
+    if not roots:
+        raise UserError(f'no session to continue in {cwd}; start one with prime-agent -p "task"')
+    newest = max(roots, key=lambda s: (str(s.get("updated_at")), str(s.get("created_at"))))
+    return str(newest["id"])
+
+
+async def _run(
+    link: DaemonLink,
+    session: str,
+    *,
+    cwd: str,
+    json_mode: bool,
+    wait_timeout_s: float,
+    release: bool,
+    cursor: int = 0,
+    follow_up: str | None = None,
+) -> int:
+    from orchestrator.api.errors import ApiCommandError
+    from orchestrator.api.protocol import WaitQuiet
+
+    client = link.client
+    sink = _sink(json_mode)
+
+    def emit(event: dict[str, Any]) -> None:
+        if sink is not None:
+            sink(event)
+
+    try:
         if isinstance(sink, JsonLinesSink):
-            sink({"type": "session", "version": 3, "id": session, "cwd": str(cwd)})
-        replay = await client.call("attach", session=session, cursor=0)
-        seen = 0
-        for event in replay.get("events", []):
-            seen = max(seen, int(event.get("seq", 0)))
-            if sink is not None:
-                sink(event)
-
-        async def stream() -> None:
-            nonlocal seen
-            async for item in client.events():
-                # A Resync (this client fell behind) carries no event; the replay on attach
-                # and the database have everything, and the final answer comes regardless.
-                if not isinstance(item, Event) or item.session != session or item.cursor <= seen:
-                    continue
-                seen = item.cursor
-                if sink is not None:
-                    sink(item.event)
-
-        streamer = asyncio.create_task(stream())
-        try:
-            outcome: dict[str, Any] = await client.request(
+            sink({"type": "session", "version": SESSION_FORMAT_VERSION, "id": session, "cwd": cwd})
+        follower = Follower(client, emit)
+        # A new session replays its (new) descendants; a resumed one skips their old history.
+        await follower.attach(session, cursor, family=True, history=follow_up is None)
+        if follow_up is not None:
+            try:
+                await link.mutate("prompt", session=session, text=follow_up, mode="follow_up")
+            except UserError as exc:
+                print(f"prime-agent: error: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+        outcome: dict[str, Any] = await follower.follow_until(
+            client.request(
                 WaitQuiet(
                     command_id=client.new_command_id(),
                     session=session,
                     timeout_s=wait_timeout_s,
-                    release=True,
+                    release=release,
                 ),
                 timeout=wait_timeout_s + CREATE_TIMEOUT_S,
             )
-        finally:
-            streamer.cancel()
-            with contextlib.suppress(BaseException):
-                await streamer
+        )
     except asyncio.CancelledError:
-        if session:
-            with contextlib.suppress(Exception):
-                await client.call("abort", session=session)
+        with contextlib.suppress(Exception):
+            await client.call("abort", session=session)
         raise
     except ApiCommandError as exc:
         print(f"prime-agent: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
     if outcome.get("reason") == "completed":
         if not json_mode:
             sys.stdout.write(str(outcome.get("final_text", "")).rstrip("\n") + "\n")

@@ -15,15 +15,19 @@ the newest events that fit, marked ``snapshot: true``; the client replaces its l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.journal import JOURNAL_FILE_NAME
 from orchestrator.api.protocol import (
     E_BUSY,
     E_INVALID_ARGUMENT,
@@ -31,23 +35,34 @@ from orchestrator.api.protocol import (
     E_SHUTTING_DOWN,
     Abort,
     Attach,
+    Branch,
+    Clone,
     Command,
+    Compact,
     CreateSession,
     Detach,
+    ExportSession,
+    Fork,
     GetSession,
     GetUsage,
+    ImportSession,
     JsonObject,
     ListSessions,
     Ping,
     Prompt,
     SendMessage,
     Shutdown,
+    Tree,
     WaitQuiet,
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
+from orchestrator.daemon import tree_commands
 from orchestrator.errors import UserError
+from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.sandbox.choice import BackendChoice
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
+from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import (
     TERMINAL_STATES,
@@ -57,7 +72,7 @@ from orchestrator.sessions.manager import (
 )
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
-from orchestrator.store.events import UserMessagePayload
+from orchestrator.store.events import RunEndPayload, UserMessagePayload
 
 __all__ = [
     "ATTACH_REPLAY_MAX_BYTES",
@@ -79,8 +94,11 @@ ATTACH_REPLAY_MAX_BYTES: Final = 512 * 1024
 SESSION_NAME_MAX_CHARS: Final = 64
 # A rejected path is quoted back this far (it may be huge).
 MAX_SHOWN_PATH_CHARS: Final = 200
-# Backends the daemon runs today; "auto" means the daemon's own backend.
-DAEMON_BACKENDS: Final = frozenset({"auto", "local"})
+# Exports hold the whole conversation: private to the user, like the database.
+EXPORT_FILE_MODE: Final = 0o600
+# A session's parent chain is walked at most this deep when routing family events (a guard
+# against a damaged tree; real trees are MAX_DEPTH + 1 deep).
+LINEAGE_MAX_DEPTH: Final = 64
 
 
 class DaemonControl(Protocol):
@@ -110,6 +128,10 @@ class DaemonControl(Protocol):
 
     async def abort_turn(self, live: LiveSession) -> bool:
         """Stop the running turn of ``live``; the session stays idle and addressable."""
+        ...
+
+    async def choose_backend(self, requested: str | None) -> BackendChoice:
+        """auto / docker / local for a new session (``UserError``: bad or unusable)."""
         ...
 
     def request_shutdown(self) -> None: ...
@@ -157,6 +179,15 @@ def _flatten(nodes: list[UsageNode]) -> dict[str, UsageNode]:
     return out
 
 
+def _live_status(node: JsonObject, live: dict[str, LiveSession]) -> None:
+    """A usage node's status (and its children's) as the live sessions have it now."""
+    loaded = live.get(str(node.get("session_id")))
+    if loaded is not None:
+        node["status"] = loaded.state
+    for child in node.get("children") or []:
+        _live_status(child, live)
+
+
 def _json_size(obj: object) -> int:
     return len(json.dumps(obj, ensure_ascii=False, default=str).encode())
 
@@ -175,9 +206,9 @@ class DaemonHandler(CommandHandler):
         await self.daemon.wait_ready()
         match command:
             case ListSessions():
-                return await self._list_sessions()
+                return await self._list_sessions(command.roots_only, command.cwd)
             case GetSession():
-                return await self._get_session(command.session)
+                return await self._get_session(command.session, command.recent)
             case CreateSession():
                 return await self._create_session(command)
             case Prompt():
@@ -187,16 +218,57 @@ class DaemonHandler(CommandHandler):
             case Abort():
                 return await self._abort(command.session)
             case Attach():
-                return await self._attach(command.session, command.cursor)
+                return await self._attach(command.session, command.cursor, command.family)
             case Detach():
                 return {"detached": True, "session": command.session}
             case GetUsage():
-                return await self._usage(command.session, command.tree)
+                return await self._usage(command)
+            case ExportSession():
+                return await self._export(command.session, command.path)
+            case Tree():
+                rec = await self._record(command.session)
+                return await tree_commands.tree_page(self.daemon, rec, command)
+            case Branch():
+                rec = await self._record(command.session)
+                return await tree_commands.branch(self.daemon, rec, command)
+            case Fork() | Clone():
+                rec = await self._record(command.session)
+                return await tree_commands.copy(self.daemon, rec, command)
+            case ImportSession():
+                return await tree_commands.import_file(self.daemon, command)
+            case Compact():  # now when idle, at the next step boundary when in a turn
+                live = await self._live(command.session)
+                return {"session": live.id, **await compact_session(live, command.instructions)}
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
             case Shutdown():
                 return self._shutdown(command.force)
         raise AssertionError(f"unhandled command {command.type}")  # pragma: no cover
+
+    async def _export(self, selector: str, path_text: str) -> JsonObject:
+        """The session as pi v3 JSONL, written to ``path`` (0600, replaced atomically)."""
+        from orchestrator.store.jsonl import export_session_jsonl
+
+        rec = await self._record(selector)
+        path = Path(path_text)
+        try:
+            usable = path.is_absolute() and path.parent.is_dir() and not path.is_dir()
+        except (OSError, ValueError):
+            usable = False
+        if not usable:
+            shown = path_text[:MAX_SHOWN_PATH_CHARS]
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"cannot write an export to {shown!r}")
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, EXPORT_FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                await export_session_jsonl(self.daemon.store, rec.id, fh)
+            os.replace(partial, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"cannot write {path}: {exc}") from None
+        return {"session": rec.id, "path": str(path), "bytes": path.stat().st_size}
 
     async def _wait_quiet(self, selector: str, timeout_s: float, release: bool) -> JsonObject:
         """Print mode through the daemon: the tree's quiet point and the root's last outcome."""
@@ -216,6 +288,11 @@ class DaemonHandler(CommandHandler):
             # The CLI maps this to exit code 2 (the user can fix it), as in-process runs do.
             "user_error": isinstance(error, UserError),
         }
+        if outcome is not None:
+            # The run's last event, as an in-process print-mode run records it; pushed to the
+            # client before this answer (same queue), so a JSON stream ends with it.
+            payload = RunEndPayload(reason=outcome.reason, final_text=outcome.final_text)
+            await orch.record(live, "run_end", payload)
         if release and live.record.parent_id is None:
             await orch.unload(live)
         return result
@@ -227,6 +304,29 @@ class DaemonHandler(CommandHandler):
             return None
         data = await self._replay(rec, None)
         return SessionSnapshot(cursor=int(data["cursor"]), data=data)
+
+    def ancestors(self, session: str) -> Sequence[str]:
+        """Parent chain of a loaded session, then its root: family attaches get its events."""
+        try:
+            sessions = self.daemon.orch.sessions
+        except ApiCommandError:  # still starting
+            return ()
+        live = sessions.get(session)
+        if live is None:
+            return ()
+        chain: list[str] = []
+        parent = live.record.parent_id
+        while parent is not None and len(chain) < LINEAGE_MAX_DEPTH:
+            chain.append(parent)
+            above = sessions.get(parent)
+            parent = above.record.parent_id if above is not None else None
+        if live.record.root_id != live.id and live.record.root_id not in chain:
+            chain.append(live.record.root_id)
+        return chain
+
+    def journal_path(self) -> Path | None:
+        """The idempotency journal lives next to the socket (private runtime directory)."""
+        return self.daemon.socket_path.parent / JOURNAL_FILE_NAME
 
     # ---------------------------------------------------------------------------- helpers
 
@@ -277,10 +377,12 @@ class DaemonHandler(CommandHandler):
         store = self.daemon.store
         return build_usage_forest(await store.list_sessions(), await store.usage_summary())
 
-    async def _list_sessions(self) -> JsonObject:
+    async def _list_sessions(self, roots_only: bool, cwd: str | None) -> JsonObject:
         nodes = _flatten(await self._forest())
         rows = []
         for rec in await self.daemon.store.list_sessions():
+            if (roots_only and rec.parent_id is not None) or (cwd is not None and rec.cwd != cwd):
+                continue
             row = _session_dict(rec, self.daemon.orch.sessions.get(rec.id))
             node = nodes.get(rec.id)
             if node is not None:
@@ -288,14 +390,29 @@ class DaemonHandler(CommandHandler):
             rows.append(row)
         return {"sessions": rows}
 
-    async def _get_session(self, selector: str) -> JsonObject:
+    async def _get_session(self, selector: str, recent: int) -> JsonObject:
         rec = await self._record(selector)
         live = self.daemon.orch.sessions.get(rec.id)
         row = _session_dict(rec, live)
         if live is not None:
             row["pending"] = live.pending
             row["turns"] = live.turns
-        return {"session": row}
+        result: JsonObject = {"session": row}
+        if recent:
+            # The newest events that fit the replay bound; `cursor` is the newest seq, from
+            # which a client can attach to get only what follows.
+            newest = await self.daemon.store.recent_events(rec.id, recent)
+            budget = ATTACH_REPLAY_MAX_BYTES
+            kept: deque[JsonObject] = deque()
+            for event in reversed([event_dict(e) for e in newest]):
+                size = _json_size(event)
+                if size > budget:
+                    break
+                budget -= size
+                kept.appendleft(event)
+            result["events"] = list(kept)
+            result["cursor"] = newest[-1].seq if newest else 0
+        return result
 
     async def _create_session(self, command: CreateSession) -> JsonObject:
         daemon = self.daemon
@@ -307,12 +424,9 @@ class DaemonHandler(CommandHandler):
         if not usable:
             shown = command.cwd[:MAX_SHOWN_PATH_CHARS]
             raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
-        if command.backend is not None and command.backend not in DAEMON_BACKENDS:
-            raise ApiCommandError(
-                E_INVALID_ARGUMENT,
-                f"backend {command.backend!r} is not available in the daemon yet; use local",
-            )
         try:
+            choice = await daemon.choose_backend(command.backend)
+            await ensure_litellm()  # its first import must not stall the daemon's loop
             model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
             model = await daemon.endpoint_for(model)
         except UserError as exc:
@@ -324,6 +438,7 @@ class DaemonHandler(CommandHandler):
             cwd=cwd.resolve(),
             name=name,
             budget=daemon.settings.session_token_budget,
+            backend=choice.name,
         )
         status = None
         if task:
@@ -334,6 +449,7 @@ class DaemonHandler(CommandHandler):
             "model": model.selector,
             "backend": live.record.backend,
             "prompt": status,
+            "warning": choice.warning or None,  # auto without docker: NOT isolated
         }
 
     async def _submit(self, selector: str, text: str, mode: str) -> JsonObject:
@@ -359,7 +475,7 @@ class DaemonHandler(CommandHandler):
         aborted = await self.daemon.abort_turn(live)
         return {"session": live.id, "aborted": aborted, "status": live.state}
 
-    async def _attach(self, selector: str, cursor: int | None) -> JsonObject:
+    async def _attach(self, selector: str, cursor: int | None, family: bool) -> JsonObject:
         rec = await self._record(selector)
         if rec.id != selector:
             # The server attached the client under the name it sent; events are broadcast under
@@ -373,23 +489,33 @@ class DaemonHandler(CommandHandler):
             except ApiCommandError as exc:
                 log.info("attach did not wake %s: %s", rec.id, exc)
             rec = await self._record(rec.id)
-        return await self._replay(rec, cursor)
+        result = await self._replay(rec, cursor)
+        if family:
+            # Descendants that exist already (the server routes their future events here):
+            # the client attaches to each for what they recorded before.
+            result["family"] = await self._descendants(rec)
+        return result
+
+    async def _descendants(self, rec: SessionRecord) -> list[str]:
+        tree = await self.daemon.store.family_sessions(rec.root_id)  # parents before children
+        inside = {rec.id}
+        out: list[str] = []
+        for member in tree:
+            if member.parent_id in inside:
+                inside.add(member.id)
+                out.append(member.id)
+        return out
 
     async def _replay(self, rec: SessionRecord, cursor: int | None) -> JsonObject:
         """Events after ``cursor``, or a bounded snapshot when there are too many (see module)."""
         store = self.daemon.store
         after = cursor or 0
-        # Page through, keeping only the newest ATTACH_REPLAY_MAX_EVENTS: bounded memory even
-        # for a session with a very long history.
-        tail: deque[EventRecord] = deque(maxlen=ATTACH_REPLAY_MAX_EVENTS)
-        missed = 0
-        while True:
-            page = await store.events(rec.id, after_seq=after, limit=ATTACH_REPLAY_MAX_EVENTS)
-            tail.extend(page)
-            missed += len(page)
-            if len(page) < ATTACH_REPLAY_MAX_EVENTS:
-                break
-            after = page[-1].seq
+        # Only the newest ATTACH_REPLAY_MAX_EVENTS are read (an indexed, bounded query): the
+        # cost does not grow with the history. ``seq`` is dense per session (1, 2, 3 ...), so
+        # when the tail is full the number missed is the distance from the cursor.
+        newest = await store.recent_events(rec.id, ATTACH_REPLAY_MAX_EVENTS)
+        tail = [e for e in newest if e.seq > after]
+        missed = len(tail) if len(tail) < ATTACH_REPLAY_MAX_EVENTS else int(tail[-1].seq) - after
         events = [event_dict(e) for e in tail]
         budget = ATTACH_REPLAY_MAX_BYTES
         kept: deque[JsonObject] = deque()
@@ -410,21 +536,43 @@ class DaemonHandler(CommandHandler):
             "events": list(kept),
         }
 
-    async def _usage(self, selector: str | None, tree: bool) -> JsonObject:
-        forest = await self._forest()
-        if selector is None:
-            nodes = forest
+    async def _usage(self, command: GetUsage) -> JsonObject:
+        store = self.daemon.store
+        records = await store.list_sessions()
+        summaries = await store.usage_summary()
+        forest = build_usage_forest(records, summaries)
+        if command.session is None:
+            nodes = forest[-command.limit :] if command.limit else forest
         else:
-            rec = await self._record(selector)
+            rec = await self._record(command.session)
             node = _flatten(forest).get(rec.id)
             nodes = [node] if node is not None else []
+        live = self.daemon.orch.sessions
         out = []
         for node in nodes:
             data = node.as_dict()
-            if not tree:
+            if not command.tree:
                 data["children"] = []
+            _live_status(data, live)
             out.append(data)
-        return {"usage": out}
+        result: JsonObject = {"usage": out}
+        if command.rows:
+            # Per-session rows for `prime-agent usage`: the selected session, or every one.
+            only = nodes[0].session.id if command.session is not None and nodes else None
+            by_id = {r.id: r for r in records}
+            rows = []
+            for summary in summaries:
+                if command.session is not None and summary.session_id != only:
+                    continue
+                row = asdict(summary)
+                known = by_id.get(summary.session_id)
+                loaded = live.get(summary.session_id)
+                status = known.status if known is not None else ""
+                row["status"] = loaded.state if loaded is not None else status
+                row["name"] = known.name if known is not None else None
+                rows.append(row)
+            result["rows"] = rows
+        return result
 
     def _shutdown(self, force: bool) -> JsonObject:
         if self.daemon.stopping:

@@ -22,7 +22,7 @@ from orchestrator.errors import (
     ProviderError,
 )
 from orchestrator.models.cost import call_cost
-from orchestrator.models.lite import load_litellm
+from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.settings import Settings
 from orchestrator.store.events import ToolCall, UsagePayload
@@ -139,7 +139,7 @@ class ModelClient:
         on_delta: Callable[[str], None] | None = None,
         on_retry: Callable[[RetryInfo], Awaitable[None]] | None = None,
     ) -> ModelReply:
-        litellm = load_litellm()
+        litellm = await ensure_litellm()
         attempts = self.settings.model_max_retries + 1
         connection_failures = 0
         last: BaseException | None = None

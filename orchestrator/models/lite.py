@@ -8,12 +8,13 @@ overlaps sandbox start-up instead of adding to it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from types import ModuleType
 from typing import Any
 
-__all__ = ["load_litellm", "preload_in_background"]
+__all__ = ["ensure_litellm", "load_litellm", "preload_in_background"]
 
 _OFFLINE_ENV = {
     # Use the cost map bundled with the package, never the upstream JSON.
@@ -41,6 +42,14 @@ def load_litellm() -> Any:
             litellm.drop_params = True  # providers that reject an optional param still work
             _module = litellm
         return _module
+
+
+async def ensure_litellm() -> Any:
+    """``load_litellm`` for async callers: the first import (seconds) runs on a thread, so an
+    event loop that serves other clients (the daemon's) never stalls on it."""
+    if _module is not None:
+        return _module
+    return await asyncio.to_thread(load_litellm)
 
 
 def preload_in_background() -> threading.Thread:

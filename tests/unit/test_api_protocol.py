@@ -53,6 +53,13 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "send_message", "command_id": "9", "session": "s-x", "text": "yo"},
     {"type": "get_usage", "command_id": "10", "tree": True},
     {"type": "wait_quiet", "command_id": "12", "session": "s-x", "timeout_s": 5, "release": True},
+    {"type": "export_session", "command_id": "13", "session": "s-x", "path": "/tmp/x.jsonl"},
+    {"type": "tree", "command_id": "14", "session": "s-x", "after_seq": 10, "limit": 50},
+    {"type": "branch", "command_id": "15", "session": "s-x", "event": "4", "summary": "tried A"},
+    {"type": "fork", "command_id": "16", "session": "s-x", "event": "4"},
+    {"type": "clone", "command_id": "17", "session": "s-x"},
+    {"type": "import_session", "command_id": "18", "path": "/tmp/x.jsonl", "model": "openai/m"},
+    {"type": "compact", "command_id": "19", "session": "s-x", "instructions": "keep paths"},
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -82,6 +89,7 @@ def test_example_commands_cover_the_command_set() -> None:
 
 def test_mutating_set() -> None:
     expected = {"create_session", "prompt", "abort", "send_message", "shutdown"}
+    expected |= {"branch", "fork", "clone", "import_session", "compact"}
     assert expected == MUTATING_COMMAND_TYPES
 
 
