@@ -3,6 +3,13 @@
 Every step is appended to the store (and so committed) before anything downstream sees it: the
 JSON stream, the progress display and the next model call all read committed records (R1).
 Streaming text deltas are the only non-durable output; the final assistant message is durable.
+
+Compaction (``compaction.py``, docs/compaction.md) happens only between steps, never while a
+cell runs: before a model call when one was requested or the context passed its threshold, and
+after a context-overflow error from the provider (then the call is retried exactly once). A
+compaction that fails stops the turn with reason ``compaction_failed`` and an ``error`` event of
+kind ``compaction``. One lock covers a turn and a compaction asked for between turns, so the two
+never interleave.
 """
 
 from __future__ import annotations
@@ -14,19 +21,29 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from orchestrator.agent.compaction import (
+    CompactionFailed,
+    CompactionOutcome,
+    Compactor,
+    NothingToCompact,
+    Reason,
+)
 from orchestrator.agent.fenced import extract_fenced_call
 from orchestrator.agent.prompts import IPYTHON_TOOL
 from orchestrator.agent.shaping import shape_cell_result
 from orchestrator.errors import ModelError, SandboxError
 from orchestrator.ids import new_tool_call_id
-from orchestrator.models.client import ModelClient, RetryInfo
+from orchestrator.models.client import ContextOverflow, ModelClient, ModelReply, RetryInfo
+from orchestrator.models.registry import ResolvedModel
 from orchestrator.sandbox.base import Sandbox
-from orchestrator.sessions.context import ContextBuilder
-from orchestrator.settings import Settings
+from orchestrator.sessions.context import ContextBuilder, estimate_tokens
+from orchestrator.settings import DEFAULT_CONTEXT_WINDOW, Settings
 from orchestrator.store.events import (
     AbortedPayload,
     AssistantMessagePayload,
     ErrorPayload,
+    ModelChangePayload,
+    NoticePayload,
     RetryPayload,
     ToolCall,
     ToolResultPayload,
@@ -36,7 +53,12 @@ from orchestrator.store.events import (
 __all__ = ["AgentLoop", "EventSink", "LoopHooks", "Recorder", "TurnOutcome"]
 
 TOOL_NAME = "ipython"
-StopReason = Literal["completed", "error", "aborted", "max_steps", "budget_exceeded"]
+StopReason = Literal[
+    "completed", "error", "aborted", "max_steps", "budget_exceeded", "compaction_failed"
+]
+# The error event kinds of the two ways context handling can stop a turn.
+COMPACTION_ERROR_KIND = "compaction"
+OVERFLOW_ERROR_KIND = "context_overflow"
 
 
 class Recorder(Protocol):
@@ -87,6 +109,7 @@ class AgentLoop:
         context: ContextBuilder,
         sink: EventSink | None = None,
         hooks: LoopHooks | None = None,
+        peek_sandbox: Callable[[], Sandbox | None] | None = None,
     ):
         self.session_id = session_id
         self.client = client
@@ -98,11 +121,67 @@ class AgentLoop:
         self.sink = sink
         self.hooks = hooks
         self._fenced = client.model.tool_protocol == "fenced"
+        self._lock = asyncio.Lock()  # one turn, or one compaction between turns, at a time
+        self._turn_event_id: str | None = None  # the user message of the turn in flight
+        self.compactor = Compactor(
+            settings=settings.compaction,
+            context=context,
+            complete=lambda messages: self.client.complete(messages, on_retry=self._on_retry),
+            record=record,
+            window=self._context_window,
+            fixed_tokens=self._fixed_tokens,
+            model=lambda: self.client.model.selector,
+            peek_sandbox=peek_sandbox,
+        )
 
     async def _append(self, type_: str, payload: Any) -> Any:
         rec = await self.record(type_, payload)
-        self.context.add(type_, payload.model_dump(mode="json"))
+        self.context.add(type_, payload.model_dump(mode="json"), event_id=getattr(rec, "id", None))
         return rec
+
+    @property
+    def busy(self) -> bool:
+        """A turn (or a compaction) holds the loop."""
+        return self._lock.locked()
+
+    def _fixed_tokens(self) -> int:
+        """System prompt and tool schema: sent with every call, counted in every prompt."""
+        tools = "" if self._fenced else json.dumps(IPYTHON_TOOL)
+        return estimate_tokens(self.system_prompt) + estimate_tokens(tools)
+
+    async def _context_window(self) -> int:
+        """The model's window: from config, else litellm's model map, else the default."""
+        model = self.client.model
+        if model.context_window is not None:
+            return model.context_window
+        from orchestrator.models.lite import ensure_litellm
+
+        litellm = await ensure_litellm()
+        info = litellm.model_cost.get(model.litellm_model) or litellm.model_cost.get(model.name)
+        window = info.get("max_input_tokens") if isinstance(info, dict) else None
+        return int(window) if isinstance(window, int) and window > 0 else DEFAULT_CONTEXT_WINDOW
+
+    async def compact_now(self, instructions: str | None = None) -> CompactionOutcome:
+        """``/compact`` between turns: compact at once (waits for a turn that holds the loop).
+        Raises ``CompactionFailed`` (``NothingToCompact`` when the context is short)."""
+        async with self._lock:
+            try:
+                return await self.compactor.compact("manual", instructions, turn_event_id=None)
+            except CompactionFailed as exc:
+                if not isinstance(exc, NothingToCompact):
+                    await self.record(
+                        "error", ErrorPayload(kind=COMPACTION_ERROR_KIND, message=str(exc))
+                    )
+                raise
+
+    async def switch_model(self, model: ResolvedModel) -> None:
+        """Use ``model`` from the next model call on; recorded as a ``model_change`` event."""
+        previous = self.client.model.selector
+        self.client = ModelClient(model, self.settings)
+        self._fenced = model.tool_protocol == "fenced"
+        await self._append(
+            "model_change", ModelChangePayload(model=model.selector, previous=previous)
+        )
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.sink is not None:
@@ -115,15 +194,19 @@ class AgentLoop:
         source: Literal["user", "parent", "agent", "harness"] = "user",
     ) -> TurnOutcome:
         first = prompt if isinstance(prompt, UserMessagePayload) else None
-        await self._append(
-            "user_message", first or UserMessagePayload(text=str(prompt), source=source)
-        )
-        try:
-            return await self._steps()
-        except asyncio.CancelledError:
-            # Record the abort even though we are being cancelled: shield the write.
-            await asyncio.shield(self._append("aborted", AbortedPayload(reason="interrupted")))
-            raise
+        async with self._lock:
+            rec = await self._append(
+                "user_message", first or UserMessagePayload(text=str(prompt), source=source)
+            )
+            self._turn_event_id = getattr(rec, "id", None)
+            try:
+                return await self._steps()
+            except asyncio.CancelledError:
+                # Record the abort even though we are being cancelled: shield the write.
+                await asyncio.shield(self._append("aborted", AbortedPayload(reason="interrupted")))
+                raise
+            finally:
+                self._turn_event_id = None
 
     async def _steps(self) -> TurnOutcome:
         for _ in range(self.settings.max_turn_steps):
@@ -134,14 +217,27 @@ class AgentLoop:
                 if reason is not None:
                     await self._append("error", ErrorPayload(kind="budget", message=reason))
                     return TurnOutcome(reason="budget_exceeded", final_text=reason)
+            stopped = await self._compact_if_due()
+            if stopped is not None:
+                return stopped
             try:
-                reply = await self.client.complete(
-                    [{"role": "system", "content": self.system_prompt}, *self.context.messages],
-                    tools=None if self._fenced else [IPYTHON_TOOL],
-                    temperature=0.0 if self.client.model.embedded else None,
-                    on_delta=lambda d: self._emit({"type": "text_delta", "delta": d}),
-                    on_retry=self._on_retry,
-                )
+                reply = await self._call_model()
+            except ContextOverflow as exc:
+                # Compact, then retry this call exactly once; a second overflow stops the turn.
+                stopped = await self._compact("overflow", None)
+                if stopped is not None:
+                    return stopped
+                try:
+                    reply = await self._call_model()
+                except ContextOverflow as again:
+                    text = f"the context is still too long after compacting: {again} ({exc})"
+                    await self._append(
+                        "error", ErrorPayload(kind=OVERFLOW_ERROR_KIND, message=text)
+                    )
+                    return TurnOutcome(reason="error", error=again)
+                except ModelError as failed:
+                    await self._append("error", ErrorPayload(kind="model", message=str(failed)))
+                    return TurnOutcome(reason="error", error=failed)
             except ModelError as exc:
                 await self._append("error", ErrorPayload(kind="model", message=str(exc)))
                 return TurnOutcome(reason="error", error=exc)
@@ -177,6 +273,43 @@ class AgentLoop:
             ),
         )
         return TurnOutcome(reason="max_steps")
+
+    async def _call_model(self) -> ModelReply:
+        return await self.client.complete(
+            [{"role": "system", "content": self.system_prompt}, *self.context.messages],
+            tools=None if self._fenced else [IPYTHON_TOOL],
+            temperature=0.0 if self.client.model.embedded else None,
+            on_delta=lambda d: self._emit({"type": "text_delta", "delta": d}),
+            on_retry=self._on_retry,
+        )
+
+    async def _compact_if_due(self) -> TurnOutcome | None:
+        """At a step boundary: a requested compaction, or one the threshold calls for."""
+        pending = self.compactor.take_pending()
+        if pending is not None:
+            return await self._compact(pending.reason, pending.instructions)
+        if await self.compactor.over_threshold():
+            return await self._compact("threshold", None)
+        return None
+
+    async def _compact(self, reason: Reason, instructions: str | None) -> TurnOutcome | None:
+        """Compact now; a failure stops the turn (fail safe: never a retry loop)."""
+        self._emit({"type": "compaction_start", "reason": reason})
+        try:
+            await self.compactor.compact(reason, instructions, turn_event_id=self._turn_event_id)
+        except NothingToCompact as exc:
+            if reason in ("manual", "requested"):  # asked for, but nothing to do: carry on
+                await self.record("notice", NoticePayload(text=f"compaction skipped: {exc}"))
+                return None
+            return await self._compaction_failed(exc)
+        except CompactionFailed as exc:
+            return await self._compaction_failed(exc)
+        return None
+
+    async def _compaction_failed(self, exc: CompactionFailed) -> TurnOutcome:
+        message = f"{exc.reason}: {exc}"
+        await self._append("error", ErrorPayload(kind=COMPACTION_ERROR_KIND, message=message))
+        return TurnOutcome(reason="compaction_failed", final_text=message, error=exc)
 
     async def _on_retry(self, info: RetryInfo) -> None:
         await self.record(

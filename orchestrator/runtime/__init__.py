@@ -11,10 +11,11 @@ What the extension installs:
   the whole group.
 - ``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff; it can
   be called plainly or awaited.
-- ``rlm``, ``agent_message``, ``agent_observe``: host requests over NATS (``rlm.py``,
-  ``messaging.py``, ``host.py``; docs/runtime.md). They are pushed as lazy stand-ins: the first
-  use imports the real object and puts it in the namespace in the stand-in's place, so a
-  kernel start pays for none of it (and ``nats`` is imported only by the first request).
+- ``rlm``, ``agent_message``, ``agent_observe``, ``history``, ``compact``: host requests over
+  NATS (``rlm.py``, ``messaging.py``, ``history.py``, ``host.py``; docs/runtime.md). They
+  are pushed as lazy stand-ins: the first use imports the real object and puts it in the
+  namespace in the stand-in's place, so a kernel start pays for none of it (and ``nats`` is
+  imported only by the first request).
 
 ``session_setup`` is what the host runs (silently) after every kernel (re)start to put the
 session's working directory and environment in place.
@@ -38,12 +39,14 @@ __all__ = [
 ]
 
 # Names the runtime adds to the user namespace (hidden from %who and namespace snapshots).
-RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe")
+RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe", "history", "compact")
 # Name -> (module, attribute) of the helpers pushed as lazy stand-ins.
 LAZY_HELPERS = {
     "rlm": ("orchestrator.runtime.rlm", "rlm"),
     "agent_message": ("orchestrator.runtime.messaging", "agent_message"),
     "agent_observe": ("orchestrator.runtime.messaging", "agent_observe"),
+    "history": ("orchestrator.runtime.history", "history"),
+    "compact": ("orchestrator.runtime.history", "compact"),
 }
 # ipykernel's shell init asks every subprocess for colour (TERM=xterm-color, FORCE_COLOR=1,
 # CLICOLOR_FORCE=1); the model reads plain text, and escape codes only cost tokens.

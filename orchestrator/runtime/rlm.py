@@ -58,7 +58,7 @@ FIND_MODELS_MAX_LIMIT = 20
 # A completion can take longer than the default 30 s host-request timeout.
 QUERY_TIMEOUT_S = 300.0
 THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh", "max")
-SUBAGENT_STATUSES = ("running", "idle", "inactive", "completed", "error", "deleted")
+SUBAGENT_STATUSES = ("running", "idle", "inactive", "completed", "error", "deleted", "failed")
 # Unicode categories a name may not contain: control, format, surrogate, line/paragraph breaks.
 _FORBIDDEN_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
@@ -174,7 +174,8 @@ class RLMSpawnHandle:
 
 @dataclass(frozen=True)
 class RLMSubagent:
-    """A direct child: ``status`` is running, idle, inactive, completed, error or deleted."""
+    """A direct child: ``status`` is running, idle, inactive, completed, error, deleted or
+    failed (its sandbox would not start)."""
 
     rlm_child_id: str
     name: str

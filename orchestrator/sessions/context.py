@@ -1,27 +1,61 @@
 """Context assembly: the events on a session's active path -> chat messages for the model.
 
-The path is read leaf -> root by the store and arrives root-first. Only conversational events
-enter the context; bookkeeping (usage, retries, run ends) does not. Each message keeps the
-protocol it was made with: a fenced-protocol exchange stays plain text even if the session
-later switches to a model with native tool calls.
+The path is read leaf -> root by the store and arrives root-first; a compacted session's path
+starts at its newest compaction's kept span (``orchestrator/store/context_queries.py``). The
+compaction contributes its summary as the first message, then the user turn it pinned, then
+the kept span and everything after it; older compactions inside the kept span are skipped
+(the newest summary already covers them). Only conversational events enter the context;
+bookkeeping (usage, retries, run ends) does not. A ``model_change`` event changes the model
+from that point on (``ContextBuilder.model``). Each message keeps the protocol it was made
+with: a fenced-protocol exchange stays plain text even if the session later switches to a
+model with native tool calls.
+
+Every message has an ``ContextEntry`` beside it (same index): the event it came from, a token
+estimate and its tool-call links, which is what compaction needs to choose where to cut.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
 
 from orchestrator.agent.fenced import render_fenced_result
 from orchestrator.store.events import (
     AssistantMessagePayload,
+    CompactionPayload,
     ToolResultPayload,
     UserMessagePayload,
 )
 
-__all__ = ["ContextBuilder", "safe_arguments"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "MESSAGE_OVERHEAD_TOKENS",
+    "PARENT_TASK_PREFIX",
+    "SUMMARY_PREFIX",
+    "ContextBuilder",
+    "ContextEntry",
+    "estimate_tokens",
+    "safe_arguments",
+    "summary_message",
+]
 
 PARENT_TASK_PREFIX = "[task from parent]\n"
+# Token estimate where no provider count exists: characters / 4 (rough for English and code;
+# the provider's reported usage replaces it as soon as a reply comes back).
+CHARS_PER_TOKEN: Final = 4
+# Fixed cost of a message's envelope (role, separators) in the estimate.
+MESSAGE_OVERHEAD_TOKENS: Final = 4
+SUMMARY_PREFIX: Final = "[context summary]"
+BRANCH_SUMMARY_PREFIX: Final = "[summary of an abandoned branch]"
+HISTORY_HINT: Final = (
+    "The full history is still recorded: `await history.search(text)`, "
+    "`await history.get(from_seq, to_seq)` and `await history.tail(n)` read it."
+)
+
+EntryKind = Literal["message", "summary", "pinned"]
 
 
 class _EventLike(Protocol):
@@ -30,6 +64,40 @@ class _EventLike(Protocol):
 
     @property
     def payload(self) -> dict[str, Any]: ...
+
+
+class _PathLike(Protocol):
+    @property
+    def events(self) -> list[Any]: ...
+
+    @property
+    def compaction(self) -> Any: ...
+
+    @property
+    def pinned(self) -> Any: ...
+
+
+@dataclass
+class ContextEntry:
+    """What compaction knows about one message of the context (same index as the message)."""
+
+    event_id: str | None
+    kind: EntryKind  # summary: the compaction's; pinned: the user turn a compaction kept
+    tokens: int
+    calls: tuple[str, ...] = ()  # ids of the tool calls this assistant message made
+    answers: str | None = None  # the tool call id this tool result answers
+    user: bool = False  # a user message (a turn's start, a steer, a harness note)
+
+
+def estimate_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def _message_tokens(message: dict[str, Any]) -> int:
+    text = str(message.get("content") or "")
+    for call in message.get("tool_calls") or []:
+        text += call["function"]["name"] + call["function"]["arguments"]
+    return estimate_tokens(text) + MESSAGE_OVERHEAD_TOKENS
 
 
 def safe_arguments(raw: str) -> str:
@@ -45,56 +113,182 @@ def safe_arguments(raw: str) -> str:
     return raw
 
 
+def summary_message(compaction: CompactionPayload) -> str:
+    """The first message of a compacted context."""
+    parts = [
+        f"{SUMMARY_PREFIX} The conversation before this point was compacted into this summary.",
+        "<summary>",
+        compaction.summary.strip(),
+        "</summary>",
+    ]
+    if compaction.kernel_note:
+        parts.append(compaction.kernel_note)
+    parts.append(HISTORY_HINT)
+    return "\n".join(parts)
+
+
 class ContextBuilder:
     """Incrementally built message list (O(new events) per step, not O(history))."""
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self.messages: list[dict[str, Any]] = []
+        self.entries: list[ContextEntry] = []
+        self.model: str | None = None  # set by a model_change (or a compaction) on the path
+        self.compaction: CompactionPayload | None = None  # the newest one in this context
         self._fenced_calls: set[str] = set()
+        # The provider's count: (entry index of an assistant reply, prompt + output tokens).
+        self._anchor: tuple[int, int] | None = None
+
+    # -- building ------------------------------------------------------------------------------
 
     def extend(self, events: Iterable[_EventLike]) -> None:
         for event in events:
-            self.add(event.type, event.payload)
+            self.add(event.type, event.payload, event_id=getattr(event, "id", None))
 
-    def add(self, type_: str, payload: dict[str, Any]) -> None:
+    def load(self, path: _PathLike) -> None:
+        """Rebuild from a context path: summary, pinned turn, kept span and what followed."""
+        self._reset()
+        newest = path.compaction
+        if newest is not None:
+            self._start_compacted(
+                CompactionPayload.model_validate(newest.payload),
+                path.pinned.payload if path.pinned is not None else None,
+                path.pinned.id if path.pinned is not None else None,
+            )
+        # Provider counts made before the newest compaction measured the old, longer context.
+        counts = newest is None
+        for event in path.events:
+            if event.type == "compaction":
+                counts = counts or (newest is not None and event.id == newest.id)
+                continue
+            self.add(event.type, event.payload, event_id=event.id, counts=counts)
+
+    def add(
+        self,
+        type_: str,
+        payload: dict[str, Any],
+        *,
+        event_id: str | None = None,
+        counts: bool = True,
+    ) -> None:
         if type_ == "user_message":
-            user = UserMessagePayload.model_validate(payload)
-            if user.source == "parent":
-                text = PARENT_TASK_PREFIX + user.text
-            elif user.source == "agent":
-                text = f"[message from {user.sender_label or user.sender}]\n{user.text}"
-            else:
-                text = user.text
-            self.messages.append({"role": "user", "content": text})
+            self._user(UserMessagePayload.model_validate(payload), event_id, "message")
         elif type_ == "assistant_message":
-            msg = AssistantMessagePayload.model_validate(payload)
-            if msg.fenced or not msg.tool_calls:
-                for call in msg.tool_calls:
-                    self._fenced_calls.add(call.id)
-                self.messages.append({"role": "assistant", "content": msg.text})
-            else:
-                self.messages.append(
-                    {
-                        "role": "assistant",
-                        "content": msg.text or None,
-                        "tool_calls": [
-                            {
-                                "id": c.id,
-                                "type": "function",
-                                "function": {
-                                    "name": c.name,
-                                    "arguments": safe_arguments(c.arguments),
-                                },
-                            }
-                            for c in msg.tool_calls
-                        ],
-                    }
-                )
+            self._assistant(AssistantMessagePayload.model_validate(payload), event_id, counts)
         elif type_ == "tool_result":
             res = ToolResultPayload.model_validate(payload)
             if res.tool_call_id in self._fenced_calls:
-                self.messages.append({"role": "user", "content": render_fenced_result(res.text)})
+                message = {"role": "user", "content": render_fenced_result(res.text)}
             else:
-                self.messages.append(
-                    {"role": "tool", "tool_call_id": res.tool_call_id, "content": res.text}
-                )
+                message = {"role": "tool", "tool_call_id": res.tool_call_id, "content": res.text}
+            self._push(message, ContextEntry(event_id, "message", 0, answers=res.tool_call_id))
+        elif type_ == "branch_summary":
+            text = f"{BRANCH_SUMMARY_PREFIX}\n{payload.get('summary', '')}"
+            self._push({"role": "user", "content": text}, ContextEntry(event_id, "message", 0))
+        elif type_ == "model_change":
+            self.model = str(payload.get("model") or "") or self.model
+        elif type_ == "compaction":
+            # A live compaction is applied with ``apply_compaction``; this only keeps the model.
+            self.model = payload.get("model") or self.model
+
+    def apply_compaction(
+        self,
+        compaction: CompactionPayload,
+        *,
+        cut: int,
+        pinned_index: int | None,
+    ) -> None:
+        """Replace everything before entry ``cut`` with the summary (and the pinned turn)."""
+        pinned = None
+        if pinned_index is not None:
+            pinned = (self.messages[pinned_index], self.entries[pinned_index])
+        kept_messages, kept_entries = self.messages[cut:], self.entries[cut:]
+        fenced = self._fenced_calls
+        model = self.model
+        self._reset()
+        self._fenced_calls = fenced
+        self.model = compaction.model or model
+        self.compaction = compaction
+        self._push_summary(compaction)
+        if pinned is not None:
+            message, entry = pinned
+            self.messages.append(message)
+            self.entries.append(ContextEntry(entry.event_id, "pinned", entry.tokens, user=True))
+        self.messages += kept_messages
+        self.entries += kept_entries
+
+    # -- measuring -----------------------------------------------------------------------------
+
+    def tokens(self, fixed_tokens: int = 0) -> int:
+        """The context's size: the provider's count at its last reply plus estimates for what
+        came after it, or (no reply since the last compaction) ``fixed_tokens`` (system
+        prompt, tool schema) plus estimates for every message."""
+        if self._anchor is not None:
+            index, counted = self._anchor
+            return counted + sum(e.tokens for e in self.entries[index + 1 :])
+        return fixed_tokens + sum(e.tokens for e in self.entries)
+
+    def index_of(self, event_id: str | None) -> int | None:
+        if event_id is None:
+            return None
+        for index in range(len(self.entries) - 1, -1, -1):
+            if self.entries[index].event_id == event_id:
+                return index
+        return None
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _push(self, message: dict[str, Any], entry: ContextEntry) -> None:
+        entry.tokens = _message_tokens(message)
+        self.messages.append(message)
+        self.entries.append(entry)
+
+    def _push_summary(self, compaction: CompactionPayload) -> None:
+        message = {"role": "user", "content": summary_message(compaction)}
+        self._push(message, ContextEntry(None, "summary", 0, user=True))
+
+    def _start_compacted(
+        self, compaction: CompactionPayload, pinned: dict[str, Any] | None, pinned_id: str | None
+    ) -> None:
+        self.compaction = compaction
+        self.model = compaction.model or self.model
+        self._push_summary(compaction)
+        if pinned is not None:
+            self._user(UserMessagePayload.model_validate(pinned), pinned_id, "pinned")
+
+    def _user(self, user: UserMessagePayload, event_id: str | None, kind: EntryKind) -> None:
+        if user.source == "parent":
+            text = PARENT_TASK_PREFIX + user.text
+        elif user.source == "agent":
+            text = f"[message from {user.sender_label or user.sender}]\n{user.text}"
+        else:
+            text = user.text
+        self._push({"role": "user", "content": text}, ContextEntry(event_id, kind, 0, user=True))
+
+    def _assistant(self, msg: AssistantMessagePayload, event_id: str | None, counts: bool) -> None:
+        calls = tuple(c.id for c in msg.tool_calls)
+        if msg.fenced or not msg.tool_calls:
+            self._fenced_calls.update(calls)
+            message: dict[str, Any] = {"role": "assistant", "content": msg.text}
+        else:
+            message = {
+                "role": "assistant",
+                "content": msg.text or None,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": safe_arguments(c.arguments)},
+                    }
+                    for c in msg.tool_calls
+                ],
+            }
+        self._push(message, ContextEntry(event_id, "message", 0, calls=calls))
+        usage = msg.usage
+        if counts and usage is not None:
+            prompt = usage.input + usage.cache_read + usage.cache_write
+            if prompt > 0:
+                self._anchor = (len(self.entries) - 1, prompt + usage.output)

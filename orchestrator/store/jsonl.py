@@ -3,8 +3,17 @@
 Line 1 is the session header; every event of the session (all branches, in ``seq`` order)
 follows as one entry whose ``id``/``parentId`` rebuild the same tree. Conversational events
 become ``message`` entries (user, assistant, toolResult) that pi puts into the model's context;
-everything else becomes a ``custom`` entry (``customType`` ``prime-agent.<type>``), which pi
-keeps but never sends to a model.
+``branch_summary``, ``compaction`` and ``model_change`` events become pi's entries of those
+names (a model ``provider/name`` splits into ``provider`` and ``modelId``); an entry kept from
+an imported file (a ``custom`` event) is written back as it came; everything else becomes a
+``custom`` entry (``customType`` ``prime-agent.<type>``), which pi keeps but never sends to a
+model. What pi's shapes have no field for (who sent a user message, the fenced protocol, a
+compaction's reason and pinned turn ...) rides in an extra ``primeAgent`` object, which pi
+ignores and ``jsonl_import`` reads back.
+
+pi takes the last entry of a file as the leaf. When the session's leaf is not its newest event
+(after a branch), one more entry follows: ``custom`` ``prime-agent.leaf`` whose parent is the
+leaf, so pi resumes on the same path and ``jsonl_import`` restores the leaf (and drops it).
 
 pi's entry ids are 8 hex characters. Ours are longer, so each is mapped to the first 8 hex
 digits of its SHA-256: the same event always exports under the same id. A collision inside one
@@ -19,15 +28,21 @@ import json
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+import duckdb
+
 from orchestrator.errors import StoreError
 from orchestrator.store.db import Store
 from orchestrator.store.queries import EventRecord
 
 __all__ = [
+    "CUSTOM_TYPE_PREFIX",
     "EXPORT_PAGE_SIZE",
     "JSONL_API",
     "JSONL_ID_HEX_CHARS",
     "JSONL_VERSION",
+    "LEAF_MARKER",
+    "PRIME_AGENT_KEY",
+    "REFERENCE_FIELDS",
     "STOP_REASONS",
     "export_session_jsonl",
     "jsonl_entry",
@@ -37,6 +52,13 @@ JSONL_VERSION = 3
 JSONL_ID_HEX_CHARS = 8
 JSONL_API = "openai-completions"
 CUSTOM_TYPE_PREFIX = "prime-agent."
+LEAF_MARKER = CUSTOM_TYPE_PREFIX + "leaf"
+PRIME_AGENT_KEY = "primeAgent"
+# Entry fields that name another entry: mapped between pi ids and event ids both ways.
+REFERENCE_FIELDS: tuple[str, ...] = ("firstKeptEntryId", "fromId", "targetId")
+# User-message fields pi's message has no place for (kept under PRIME_AGENT_KEY when set).
+_USER_EXTRAS: tuple[str, ...] = ("source", "sender", "sender_label", "message_id")
+_DEFAULT_SOURCE = "user"
 TOOL_NAME = "ipython"
 # Events are read in pages so a long session never sits in memory whole.
 EXPORT_PAGE_SIZE = 1000
@@ -68,8 +90,19 @@ class _IdMap:
     def __init__(self) -> None:
         self._by_event: dict[str, str] = {}
         self._taken: set[str] = set()
+        self._events: set[str] = set()
+
+    def restrict(self, event_ids: set[str]) -> None:
+        """The session's event ids: only these are mapped where a payload names an entry."""
+        self._events = event_ids
+
+    def known(self, event_id: str) -> bool:
+        return event_id in self._events
 
     def add(self, event_id: str) -> str:
+        known = self._by_event.get(event_id)
+        if known is not None:  # already named by a reference to it
+            return known
         attempt = 0
         while True:
             seed = event_id if attempt == 0 else f"{event_id}#{attempt}"
@@ -122,11 +155,23 @@ def _usage(usage: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _user_extras(p: dict[str, Any]) -> dict[str, Any]:
+    extras = {k: p[k] for k in _USER_EXTRAS if p.get(k) is not None}
+    if extras.get("source") == _DEFAULT_SOURCE:
+        del extras["source"]
+    return {PRIME_AGENT_KEY: extras} if extras else {}
+
+
 def _message(event: EventRecord) -> dict[str, Any] | None:
     p = event.payload
     ts_ms = _ms(event.ts)
     if event.type == "user_message":
-        return {"role": "user", "content": [_text_block(p["text"])], "timestamp": ts_ms}
+        return {
+            "role": "user",
+            "content": [_text_block(p["text"])],
+            "timestamp": ts_ms,
+            **_user_extras(p),
+        }
     if event.type == "assistant_message":
         content: list[dict[str, Any]] = []
         if p.get("text"):
@@ -149,6 +194,7 @@ def _message(event: EventRecord) -> dict[str, Any] | None:
             "usage": _usage(p.get("usage")),
             "stopReason": STOP_REASONS.get(p.get("stop_reason", "stop"), "stop"),
             "timestamp": ts_ms,
+            **({PRIME_AGENT_KEY: {"fenced": True}} if p.get("fenced") else {}),
         }
     if event.type == "tool_result":
         return {
@@ -165,13 +211,82 @@ def _message(event: EventRecord) -> dict[str, Any] | None:
     return None
 
 
-def jsonl_entry(event: EventRecord, entry_id: str, parent_id: str | None) -> dict[str, Any]:
-    """The pi session entry for one event (without the header)."""
+def _references(fields: dict[str, Any], ids: _IdMap | None) -> dict[str, Any]:
+    """``fields`` with event ids in REFERENCE_FIELDS replaced by the entry ids they export as."""
+    if ids is None:
+        return fields
+    out = dict(fields)
+    for key in REFERENCE_FIELDS:
+        value = out.get(key)
+        if isinstance(value, str) and ids.known(value):
+            out[key] = ids.add(value)
+    return out
+
+
+def _compaction_fields(p: dict[str, Any], ids: _IdMap | None) -> dict[str, Any]:
+    """pi's compaction entry; what it has no field for goes under PRIME_AGENT_KEY."""
+    refs = _references(
+        {"firstKeptEntryId": p.get("first_kept_event_id"), "fromId": p.get("pinned_event_id")},
+        ids,
+    )
+    fields: dict[str, Any] = {
+        "summary": p["summary"],
+        "firstKeptEntryId": refs["firstKeptEntryId"],
+        "tokensBefore": p.get("tokens_before", 0),
+        "details": {
+            "readFiles": p.get("read_files") or [],
+            "modifiedFiles": p.get("modified_files") or [],
+        },
+    }
+    if p.get("instructions") is not None:
+        fields["customInstructions"] = p["instructions"]
+    fields[PRIME_AGENT_KEY] = {
+        "tokensAfter": p.get("tokens_after", 0),
+        "reason": p.get("reason"),
+        "pinnedEntryId": refs["fromId"],
+        "kernelNote": p.get("kernel_note"),
+        "model": p.get("model"),
+        "summarizedEvents": p.get("summarized_events", 0),
+    }
+    return fields
+
+
+def jsonl_entry(
+    event: EventRecord, entry_id: str, parent_id: str | None, ids: _IdMap | None = None
+) -> dict[str, Any]:
+    """The pi session entry for one event (without the header).
+
+    ``ids`` maps event ids named inside a payload (a branch summary's ``fromId``, a kept
+    entry's ``targetId`` ...) to entry ids; without it they are written as they are.
+    """
     base: dict[str, Any] = {
         "id": entry_id,
         "parentId": parent_id,
         "timestamp": _iso(event.ts),
     }
+    p = event.payload
+    if event.type == "branch_summary":
+        entry: dict[str, Any] = {"type": "branch_summary", **base, "summary": p["summary"]}
+        entry.update(_references({"fromId": p.get("from_event_id")}, ids))
+        if p.get("details") is not None:
+            entry["details"] = p["details"]
+        return entry
+    if event.type == "compaction":
+        return {"type": "compaction", **base, **_compaction_fields(p, ids)}
+    if event.type == "model_change":
+        selector = str(p["model"])
+        provider, _, model_id = selector.partition("/") if "/" in selector else ("", "", selector)
+        entry = {"type": "model_change", **base, "provider": provider, "modelId": model_id}
+        if p.get("previous") is not None:
+            entry[PRIME_AGENT_KEY] = {"previous": p["previous"]}
+        return entry
+    if event.type == "custom":
+        fields = {
+            k: v
+            for k, v in _references(p.get("fields") or {}, ids).items()
+            if k not in ("type", "id", "parentId", "timestamp")
+        }
+        return {"type": p["entry_type"], **base, **fields}
     message = _message(event)
     if message is not None:
         return {"type": "message", **base, "message": message}
@@ -193,24 +308,48 @@ async def export_session_jsonl(store: Store, session_id: str, out: TextIO) -> in
     session = await store.get_session(session_id)
     if session is None:
         raise StoreError(f"unknown session {session_id!r}")
-    header = {
+    header: dict[str, Any] = {
         "type": "session",
         "version": JSONL_VERSION,
         "id": session.id,
         "timestamp": _iso(session.created_at),
         "cwd": session.cwd,
     }
+    if session.forked_from is not None:  # pi names the file; we name the session
+        header["parentSession"] = session.forked_from
     out.write(json.dumps(header, ensure_ascii=False) + "\n")
     ids = _IdMap()
+    known = await store.read(lambda con: _event_ids(con, session_id))
+    ids.restrict(known)
     count = 0
     after = 0
+    last: EventRecord | None = None
     while True:
         page = await store.events(session_id, after_seq=after, limit=EXPORT_PAGE_SIZE)
         for event in page:
             parent = ids.get(event.parent_event_id)
-            entry = jsonl_entry(event, ids.add(event.id), parent)
+            entry = jsonl_entry(event, ids.add(event.id), parent, ids)
             out.write(json.dumps(entry, ensure_ascii=False) + "\n")
             count += 1
+            last = event
         if len(page) < EXPORT_PAGE_SIZE:
-            return count
+            break
         after = page[-1].seq
+    leaf = session.leaf_event_id
+    if last is not None and leaf is not None and leaf != last.id and ids.known(leaf):
+        marker: dict[str, Any] = {
+            "type": "custom",
+            "id": ids.add(f"{leaf}#{LEAF_MARKER}"),
+            "parentId": ids.get(leaf),
+            "timestamp": _iso(last.ts),
+            "customType": LEAF_MARKER,
+            "data": {},
+        }
+        out.write(json.dumps(marker, ensure_ascii=False) + "\n")
+        count += 1
+    return count
+
+
+def _event_ids(con: duckdb.DuckDBPyConnection, session_id: str) -> set[str]:
+    rows = con.execute("SELECT id FROM events WHERE session_id = $1", [session_id]).fetchall()
+    return {str(row[0]) for row in rows}

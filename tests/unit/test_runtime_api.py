@@ -107,9 +107,9 @@ def test_every_protocol_error_code_has_a_class() -> None:
 def test_every_request_type_is_covered_by_a_helper() -> None:
     import inspect
 
-    from orchestrator.runtime import messaging, rlm
+    from orchestrator.runtime import history, messaging, rlm
 
-    source = inspect.getsource(rlm) + inspect.getsource(messaging)
+    source = inspect.getsource(rlm) + inspect.getsource(messaging) + inspect.getsource(history)
     for request_type in protocol.REQUEST_TYPES:
         assert f'"{request_type}"' in source or request_type.split(".")[1] in source
 
