@@ -77,13 +77,34 @@ def _store(a: argparse.Namespace) -> dict[str, Any]:
     return bench_store.run(a.quick)
 
 
+def _daemon(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_daemon
+
+    return bench_daemon.run(a.quick)
+
+
+def _context(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_context
+
+    return bench_context.run(a.quick)
+
+
+def _docker(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_docker
+
+    return bench_docker.run(a.quick)
+
+
 BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "overhead": ("per-tool-call harness overhead (50 trivial cells)", _overhead),
     "cold_start": ("cold start of prime-agent -p against the fake model", _cold_start),
     "first_cell": ("first-cell latency, warm pool and cold", _first_cell),
     "memory": ("peak RSS of a -p run's process tree", _memory),
     "store": ("DuckDB store append throughput", _store),
+    "context": ("context assembly 1k/10k/100k events; compaction without the model", _context),
     "family": ("subagent admission, host requests, message delivery", _family),
+    "docker": ("docker backend: cold/warm start, per-cell overhead, idle memory", _docker),
+    "daemon": ("daemon: -p through it, attach latency, events/s, RSS", _daemon),
 }
 
 

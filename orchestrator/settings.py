@@ -17,6 +17,23 @@ The config file is ``$XDG_CONFIG_HOME/prime-agent/config.toml``::
 
     [embedded]
     threads = 1
+
+    [sandbox]                                # docs/docker.md
+    image = "session"                        # "rust", "cuda" or any image tag
+    workspace = "rw"                         # "ro", or "copy" (synced back at stop)
+    memory_mib = 2048                        # per container, swap off
+    cpus = 1.0
+    pids_limit = 256
+
+    [compaction]                             # docs/compaction.md
+    reserve_tokens = 16384                   # compact when context > window - reserve
+    keep_recent_tokens = 20000               # newest tokens kept verbatim
+    drop_large_variables = true              # after it, drop kernel variables > 16 MiB
+
+    [nats]                                   # optional: an external server (docs/bus.md)
+    url = "nats://nats.example:4222"
+    account = "A..."                         # the account's public key
+    account_signing_seed_file = "/path/to/account-signing.nk"   # 0600; never the seed inline
 """
 
 from __future__ import annotations
@@ -33,19 +50,34 @@ from orchestrator.errors import ConfigError
 __all__ = [
     "CELL_TIMEOUT_CEILING_S",
     "CELL_TIMEOUT_DEFAULT_S",
+    "COMPACTION_DROP_VARIABLE_BYTES",
+    "COMPACTION_KEEP_RECENT_TOKENS",
+    "COMPACTION_RESERVE_TOKENS",
     "DEFAULT_CONTEXT_WINDOW",
     "EMBEDDED_CONTEXT_TOKENS",
     "EMBEDDED_MODEL_NAME",
+    "IDLE_UNLOAD_MINUTES",
     "INTERRUPT_GRACE_S",
     "MODEL_MAX_RETRIES",
     "MODEL_STREAM_IDLE_TIMEOUT_S",
+    "NATS_SESSION_CREDENTIALS_TTL_S",
     "OUTPUT_STREAM_CAP_CHARS",
     "PROCESS_STOP_GRACE_S",
     "RETRY_BASE_DELAY_S",
     "RETRY_MAX_DELAY_S",
+    "SANDBOX_CPUS",
+    "SANDBOX_IMAGE",
+    "SANDBOX_MEMORY_MIB",
+    "SANDBOX_PIDS_LIMIT",
+    "SANDBOX_WORKSPACE",
+    "SNAPSHOT_DEBOUNCE_S",
     "WARM_POOL_SIZE",
+    "CompactionSettings",
+    "DaemonSettings",
     "EmbeddedSettings",
     "ModelConfig",
+    "NatsSettings",
+    "SandboxSettings",
     "Settings",
     "load_settings",
 ]
@@ -81,6 +113,30 @@ FAMILY_WAIT_TIMEOUT_S = 3600.0  # print mode: how long to wait for subagents to 
 WARM_POOL_SIZE = 1  # started, idle sandboxes kept ready per image
 PROCESS_STOP_GRACE_S = 5.0  # SIGTERM -> grace -> SIGKILL of a child process group
 SANDBOX_START_TIMEOUT_S = 60.0
+# Lifecycle (SPEC.md §4, docs/snapshots.md): a quiet loaded session is unloaded (inactive) after
+# this long; its namespace is snapshotted after cells, debounced by SNAPSHOT_DEBOUNCE_S.
+IDLE_UNLOAD_MINUTES = 30.0
+SECONDS_PER_MINUTE = 60.0
+SNAPSHOT_DEBOUNCE_S = 2.0
+# External NATS server (Settings.nats; docs/bus.md): a session's user JWT expires after this
+# (it cannot be revoked earlier).
+NATS_SESSION_CREDENTIALS_TTL_S = 24 * 3600.0
+# Sandbox policy defaults (Settings.sandbox; docs/docker.md). Memory counts the kernel, the
+# gateway and the tmpfs pages the session writes; swap is off.
+SANDBOX_IMAGE = "session"  # an image name of orchestrator.sandbox.images, or any tag
+SANDBOX_WORKSPACE: Literal["rw", "ro", "copy"] = "rw"
+SANDBOX_MEMORY_MIB = 2048
+SANDBOX_MEMORY_MIN_MIB = 128  # below this the gateway and kernel alone do not fit
+SANDBOX_CPUS = 1.0
+SANDBOX_PIDS_LIMIT = 256
+SANDBOX_PIDS_MIN = 32  # gateway, kernel and their threads
+MIB = 1024**2
+# Compaction (SPEC.md §5, docs/compaction.md; Settings.compaction): compact when the context
+# passes the model's window minus the reserve; keep the newest tokens verbatim; after it, kernel
+# variables larger than the drop size may be dropped (and the model is told which).
+COMPACTION_RESERVE_TOKENS = 16_384
+COMPACTION_KEEP_RECENT_TOKENS = 20_000
+COMPACTION_DROP_VARIABLE_BYTES = 16 * MIB
 
 
 class _Strict(BaseModel):
@@ -107,10 +163,55 @@ class EmbeddedSettings(_Strict):
     variant: Literal["0.5b", "1.5b"] = "0.5b"
 
 
+class SandboxSettings(_Strict):
+    """``[sandbox]``: the image, workspace mode and limits every session starts with."""
+
+    image: str = Field(default=SANDBOX_IMAGE, min_length=1, pattern=r"^\S+$")
+    workspace: Literal["rw", "ro", "copy"] = SANDBOX_WORKSPACE
+    memory_mib: int = Field(default=SANDBOX_MEMORY_MIB, ge=SANDBOX_MEMORY_MIN_MIB)
+    cpus: float = Field(default=SANDBOX_CPUS, gt=0)
+    pids_limit: int = Field(default=SANDBOX_PIDS_LIMIT, ge=SANDBOX_PIDS_MIN)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.memory_mib * MIB
+
+
+class CompactionSettings(_Strict):
+    """``[compaction]``: when the context is summarised and what the kernel keeps afterwards."""
+
+    enabled: bool = True  # the threshold trigger; overflow, /compact and compact.run always work
+    reserve_tokens: int = Field(default=COMPACTION_RESERVE_TOKENS, ge=0)
+    keep_recent_tokens: int = Field(default=COMPACTION_KEEP_RECENT_TOKENS, ge=1)
+    drop_large_variables: bool = True
+    drop_variable_bytes: int = Field(default=COMPACTION_DROP_VARIABLE_BYTES, ge=1)
+
+
+class DaemonSettings(_Strict):
+    """``[daemon]``: whether CLI commands that need the daemon start it (docs/cli.md); the
+    environment variable ``PRIME_AGENT_DAEMON_AUTOSTART`` (0/1) overrides it."""
+
+    autostart: bool = True
+
+
+class NatsSettings(_Strict):
+    """``[nats]``: an external NATS server in operator mode instead of the embedded one."""
+
+    url: str | None = None
+    account: str | None = None  # public key (A...); omit when the seed is the account's own
+    account_signing_seed_file: Path | None = None  # 0600 file holding an SA... seed
+    creds_file: Path | None = None  # the orchestrator's own user (.creds); default: minted
+    session_credentials_ttl_s: float = Field(default=NATS_SESSION_CREDENTIALS_TTL_S, gt=0)
+
+
 class Settings(_Strict):
     default_model: str | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    daemon: DaemonSettings = Field(default_factory=DaemonSettings)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     cell_timeout_s: float = Field(default=CELL_TIMEOUT_DEFAULT_S, gt=0)
     cell_timeout_ceiling_s: float = Field(default=CELL_TIMEOUT_CEILING_S, gt=0)
     interrupt_grace_s: float = Field(default=INTERRUPT_GRACE_S, gt=0)
@@ -129,6 +230,18 @@ class Settings(_Strict):
     rlm_query_concurrency: int = Field(default=RLM_QUERY_CONCURRENCY, ge=1)
     family_wait_timeout_s: float = Field(default=FAMILY_WAIT_TIMEOUT_S, gt=0)
     session_token_budget: int | None = Field(default=None, gt=0)  # a root's budget
+    idle_unload_minutes: float = Field(default=IDLE_UNLOAD_MINUTES, ge=0)  # 0 = never
+    idle_unload_seconds: float | None = Field(default=None, gt=0)  # overrides the minutes
+    snapshot_debounce_s: float = Field(default=SNAPSHOT_DEBOUNCE_S, ge=0)
+
+    @property
+    def idle_unload_after_s(self) -> float | None:
+        """Seconds a quiet session stays loaded; None = never unloaded for idleness."""
+        if self.idle_unload_seconds is not None:
+            return self.idle_unload_seconds
+        if self.idle_unload_minutes <= 0:
+            return None
+        return self.idle_unload_minutes * SECONDS_PER_MINUTE
 
     def with_overrides(self, **changes: object) -> Settings:
         return self.model_copy(update={k: v for k, v in changes.items() if v is not None})

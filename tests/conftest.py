@@ -46,4 +46,11 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     monkeypatch.setenv("PRIME_AGENT_BACKEND", "local")
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     monkeypatch.setenv("LITELLM_MODE", "PRODUCTION")
+    # CLI commands do not start a daemon behind a test's back; tests that want one start it or
+    # set PRIME_AGENT_DAEMON_AUTOSTART=1 (docs/cli.md).
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "0")
     yield home
+    # Whatever a test started, no daemon (or its NATS server) outlives it.
+    from tests.helpers import stop_daemons
+
+    stop_daemons(str(home / "run"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,9 +10,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["cli", "descendant_pids", "pids_alive", "wait_until", "write_config"]
+__all__ = [
+    "cli",
+    "daemon_pids",
+    "descendant_pids",
+    "pids_alive",
+    "stop_daemons",
+    "wait_until",
+    "write_config",
+]
 
 CLI_TIMEOUT_S = 120.0
+# A daemon's clean stop (SIGTERM) ends its sessions, sandboxes and NATS; past this, SIGKILL.
+DAEMON_STOP_GRACE_S = 30.0
 
 
 def cli(
@@ -86,3 +97,72 @@ def descendant_pids(root: int) -> list[int]:
                 out.append(pid)
                 frontier.append(pid)
     return out
+
+
+def _argv(pid: int) -> list[bytes] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return None
+
+
+def daemon_pids(runtime_dir: str | None = None) -> list[int]:
+    """Daemons serving ``runtime_dir`` (default: this test's ``XDG_RUNTIME_DIR``); other tests
+    may run their own."""
+    ours = (runtime_dir or os.environ["XDG_RUNTIME_DIR"]).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        argv = _argv(int(entry))
+        if not argv or b"orchestrator.daemon" not in argv:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"XDG_RUNTIME_DIR=" + ours in env:
+            found.append(int(entry))
+    return pids_alive(found)
+
+
+def stop_daemons(runtime_dir: str) -> list[int]:
+    """Stop every daemon a test left in ``runtime_dir`` (SIGTERM: its clean stop; SIGKILL after
+    ``DAEMON_STOP_GRACE_S``), then any nats-server a killed one left there. The pids stopped."""
+    import signal
+
+    pids = daemon_pids(runtime_dir)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if not wait_until(lambda: not pids_alive(pids), timeout=DAEMON_STOP_GRACE_S):
+        for pid in pids_alive(pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    marker = runtime_dir.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        argv = _argv(int(entry))
+        if argv and b"nats-server" in argv[0] and any(marker in arg for arg in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGTERM)
+    # A killed daemon's sandboxes outlive it (the next daemon would adopt them): their gateways
+    # carry its socket, under runtime_dir, in their environment (local.OWNER_ENV). SIGTERM to
+    # the gateway's group: it stops its kernel and sweeps the rest itself.
+    owner = b"PRIME_AGENT_SANDBOX_OWNER=" + marker
+    for entry in os.listdir("/proc"):
+        argv = _argv(int(entry)) if entry.isdigit() else None
+        if not argv or b"orchestrator.sandbox.gateway_main" not in argv:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if not any(var.startswith(owner) for var in fh.read().split(b"\0")):
+                    continue
+        except OSError:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(entry), signal.SIGTERM)
+    return pids

@@ -22,6 +22,7 @@ from orchestrator.errors import BusError, UserError
 from orchestrator.ids import new_event_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.sessions.history_service import HistoryService
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
 from orchestrator.store.db import SessionRecord
@@ -122,6 +123,8 @@ class FamilyService:
             "agent_observe.list": self.observe_list,
             "agent_observe.get": self.observe_get,
             "agent_observe.recent": self.observe_recent,
+            # history.* and compact.* (orchestrator/sessions/history_service.py)
+            **HistoryService(self.orch).handlers(),
         }
 
     # -- helpers ----------------------------------------------------------------------------
@@ -355,6 +358,7 @@ class FamilyService:
                 await self.orch.stop_session(loaded, state="deleted")
                 continue
             await self.orch.store.update_session(session_id, status="deleted")
+            await self.orch.adopted.discard(session_id)  # a sandbox kept from a daemon crash
             if self.orch.bus is not None:
                 with contextlib.suppress(Exception):
                     await self.orch.bus.purge_messages(session_id)

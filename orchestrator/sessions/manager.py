@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -28,9 +28,14 @@ from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
+from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.context import ContextBuilder
+from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
+from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE, AdoptedSandboxes
+from orchestrator.sessions.supervisor import SandboxSupervisor
 from orchestrator.settings import Settings
+from orchestrator.store.context_queries import read_context_path
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
     AbortedPayload,
@@ -58,8 +63,8 @@ NOTICE_PREVIEW_CHARS = 600
 TERMINAL_STATES = frozenset({"error", "aborted", "deleted"})
 # Rows that claim a live session: after a restart nothing is loaded, so they are stale.
 STALE_LIVE_STATUSES: Final = frozenset({"running", "idle"})
-# Told to the model at the first model call after a session with a REPL history is reloaded:
-# the namespace is not revived yet (snapshots are a later issue), and it must not assume it is.
+# Told to the model at the first model call after a session with a REPL history is reloaded
+# and has no namespace snapshot (with one, the supervisor's revival note says what came back).
 RELOADED_NOTICE: Final = "[notice] this session was reloaded; its REPL namespace starts empty"
 # The tool result of a cell that was running when its orchestrator died: every tool call needs
 # a result (providers reject the history otherwise) and the outcome is unknown, so it is never
@@ -144,9 +149,17 @@ class Orchestrator:
         bus: SessionBus | None = None,
         sink: EventSink | None = None,
         resolve: ModelResolver | None = None,
+        backends: Mapping[str, SandboxBackend] | None = None,
+        sandboxes_outlive_us: bool = False,
     ):
         self.store = store
-        self.backend = backend
+        self.backend = backend  # the default: for sessions created without a backend
+        # Every backend a session may use, by name (record.backend); the daemon may add one.
+        self.backends: dict[str, SandboxBackend] = {backend.name: backend, **(backends or {})}
+        # The daemon's sandboxes outlive it (no die_with_parent) and are adopted by the next
+        # daemon; until their session is loaded they wait here (sessions/adoption.py).
+        self.die_with_parent = not sandboxes_outlive_us
+        self.adopted = AdoptedSandboxes()
         self.settings = settings
         self.paths = paths
         self.bus = bus
@@ -165,6 +178,9 @@ class Orchestrator:
         self._budgeted: set[str] = set()
         self._budget_lock = asyncio.Lock()
         self._acks: set[asyncio.Task[None]] = set()
+        # Start backoff, namespace snapshots and revival (docs/snapshots.md), idle unload.
+        self.sandboxes = SandboxSupervisor(paths, debounce_s=settings.snapshot_debounce_s)
+        self.idle = IdleUnloader(self, after_s=settings.idle_unload_after_s)
 
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
@@ -181,7 +197,12 @@ class Orchestrator:
         budget: int | None = None,
         eager_sandbox: bool = True,
         name_for: Callable[[str], str] | None = None,
+        backend: str | None = None,
     ) -> LiveSession:
+        # A child runs on its parent's backend unless told otherwise.
+        backend = backend or (parent.record.backend if parent else self.backend.name)
+        if backend not in self.backends:
+            raise UserError(f"the {backend} backend is not available here")
         session_id = new_session_id()
         if name is None and name_for is not None:
             name = name_for(child_id_for(session_id))
@@ -193,7 +214,7 @@ class Orchestrator:
             depth=parent.record.depth + 1 if parent else 0,
             cwd=str(cwd),
             model=model.selector,
-            backend=self.backend.name,
+            backend=backend,
             status="idle",
             rlm_child_id=child_id_for(session_id) if parent else None,
             budget_tokens=budget,
@@ -201,7 +222,11 @@ class Orchestrator:
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that
         # never runs a cell costs no bus reload, and admission stays fast.
-        live = LiveSession(record=record, model=model, spec=self._spec(record))
+        spec = self._spec(record)
+        if parent is not None:  # a child runs on its parent's image, workspace mode and limits
+            p = parent.spec
+            spec = dataclasses.replace(spec, image=p.image, workspace=p.workspace, limits=p.limits)
+        live = LiveSession(record=record, model=model, spec=spec)
         self.budgets.add(session_id, parent.id if parent else None, budget)
         self._budgeted.add(session_id)
         self._attach_loop(live, ContextBuilder())
@@ -222,6 +247,8 @@ class Orchestrator:
             artifacts_dir=ensure_private_dir(self.paths.session_artifacts(record.id)),
             env=env,
             labels={"root": record.root_id},
+            snapshot_dir=self.sandboxes.snapshot_dir(record.id),
+            die_with_parent=self.die_with_parent,
         )
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
@@ -230,7 +257,7 @@ class Orchestrator:
             client=ModelClient(live.model, self.settings),
             system_prompt=build_system_prompt(
                 EnvironmentFacts(
-                    cwd=live.record.cwd, model=live.model.selector, backend=self.backend.name
+                    cwd=live.record.cwd, model=live.model.selector, backend=live.record.backend
                 ),
                 tool_protocol=live.model.tool_protocol,
             ),
@@ -240,6 +267,7 @@ class Orchestrator:
             context=context,
             sink=self.sink,
             hooks=_Hooks(live, self.budgets),
+            peek_sandbox=lambda: running_sandbox(live),  # compaction: kernel listing and drops
         )
 
     # -- loading sessions from the store (waking) ---------------------------------------------
@@ -286,12 +314,21 @@ class Orchestrator:
         if session_id in self.sessions:  # created or loaded meanwhile (cannot happen twice)
             return self.sessions[session_id]
         live = LiveSession(record=record, model=model, spec=self._spec(record))
-        path = await self.store.active_path(session_id)
-        path += await self._close_interrupted_cells(session_id, path, sink=True)
+        found = await read_context_path(self.store, session_id)  # back to the last compaction
+        closed = await self._close_interrupted_cells(session_id, found.events, sink=True)
+        path = found.events + closed
         context = ContextBuilder()
-        context.extend(path)
-        if any(event.type == "tool_result" for event in path):
-            live.notes.append(UserMessagePayload(text=RELOADED_NOTICE, source="harness"))
+        context.load(found)
+        context.extend(closed)
+        adopted = await self.adopted.take(session_id)  # its kernel survived a daemon crash
+        if adopted is not None:
+            live.ensure_sandbox(lambda: self.sandboxes.started(live, _ready(adopted), revive=False))
+        revived = adopted is None and self.sandboxes.revive_on_load(
+            live, lambda: self._start_sandbox(live)
+        )  # with a snapshot: the first turn's note says which names came back
+        if any(event.type == "tool_result" for event in path) and not revived:
+            note = RELOADED_NOTICE if adopted is None else ADOPTED_NOTICE
+            live.notes.append(UserMessagePayload(text=note, source="harness"))
         self._attach_loop(live, context)
         state: Literal["idle", "completed"] = "completed" if record.parent_id else "idle"
         live.state = state
@@ -359,7 +396,7 @@ class Orchestrator:
             if record.status not in STALE_LIVE_STATUSES or record.id in self.sessions:
                 continue
             try:
-                path = await self.store.active_path(record.id)
+                path = (await read_context_path(self.store, record.id)).events
                 await self._close_interrupted_cells(record.id, path, sink=False)
                 if record.status == "running":
                     await self.store.append(
@@ -371,14 +408,25 @@ class Orchestrator:
                 log.exception("could not recover session %s", record.id)
         return recovered
 
+    async def sandbox_spec(self, record: SessionRecord) -> SandboxSpec:
+        """The session's sandbox spec with its bus credentials (adopting a sandbox)."""
+        spec = self._spec(record)
+        if self.bus is not None:
+            creds = await self.bus.credentials_env(record.id)
+            spec = dataclasses.replace(spec, env={**spec.env, **creds})
+        return spec
+
     async def _start_sandbox(self, live: LiveSession) -> Sandbox:
         if self.bus is not None:
             creds = await self.bus.credentials_env(live.id)
             live.spec = dataclasses.replace(live.spec, env={**live.spec.env, **creds})
-        return await self.backend.create(live.spec)
+        backend = self.backends.get(live.record.backend)
+        if backend is None:  # never a silent fallback: the other backend may not isolate
+            raise SandboxStartError(f"the {live.record.backend} backend is not available here")
+        return await self.sandboxes.started(live, backend.create(live.spec))
 
     async def _sandbox(self, live: LiveSession) -> Sandbox:
-        task = live.ensure_sandbox(lambda: self._start_sandbox(live))
+        task = await self.sandboxes.task_for(live, lambda: self._start_sandbox(live))
         try:
             return await asyncio.shield(task)
         except SandboxStartError:
@@ -537,6 +585,7 @@ class Orchestrator:
             await self._set_state(live, "running")
             outcome: TurnOutcome | None = None
             try:
+                await self.sandboxes.before_turn(live)  # revival note; a failed one retries
                 await self._record_notes(live)
                 outcome = await live.loop.run(item.payload)
             finally:
@@ -550,7 +599,7 @@ class Orchestrator:
             live.steer.clear()
             # Tell the parent *before* this session looks settled: otherwise a print-mode run
             # could see the whole tree quiet in between and end before the parent hears.
-            failed = outcome.reason in ("error", "budget_exceeded", "max_steps")
+            failed = outcome.reason not in ("completed", "aborted")  # error, limits, compaction
             if failed or not live.follow:
                 await self._notify_parent(live, outcome)
             if failed:
@@ -560,14 +609,15 @@ class Orchestrator:
                 continue
             if live.follow:
                 continue
-            await self._set_state(live, "completed" if live.record.parent_id else "idle")
+            rest = "completed" if live.record.parent_id else "idle"
+            await self._set_state(live, self.sandboxes.resting_state(live, rest))
 
     async def _record_notes(self, live: LiveSession) -> None:
         assert live.loop is not None
         while live.notes:
             note = live.notes.pop(0)
-            await self.record(live, "user_message", note)
-            live.loop.context.add("user_message", note.model_dump(mode="json"))
+            rec = await self.record(live, "user_message", note)
+            live.loop.context.add("user_message", note.model_dump(mode="json"), event_id=rec.id)
 
     async def _set_state(self, live: LiveSession, state: str) -> None:
         live.state = state  # type: ignore[assignment]
@@ -728,11 +778,17 @@ class Orchestrator:
 
     async def close(self) -> None:
         self._closing = True
+        await self.idle.close()
         for live in list(self.sessions.values()):
             if live.record.parent_id is None:
                 with contextlib.suppress(Exception):
                     await self.stop_session(live)
-        with contextlib.suppress(Exception):
-            await self.backend.close()
+        for backend in self.backends.values():  # stops adopted sandboxes not loaded too
+            with contextlib.suppress(Exception):
+                await backend.close()
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
+
+
+async def _ready(sandbox: Sandbox) -> Sandbox:
+    return sandbox

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator.agent.loop import EventSink, TurnOutcome
-from orchestrator.errors import UserError
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
@@ -54,27 +53,18 @@ class RunResult:
 def make_backend(name: str, settings: Settings, *, network: bool = False) -> SandboxBackend:
     """``docker`` or ``local``; ``auto``: docker when an engine answers and the session image
     exists, else local with a one-line warning that the session is not isolated."""
-    if name not in ("auto", "docker", "local"):
-        raise UserError(f"unknown backend {name!r}; use docker or local")
-    if name in ("auto", "docker"):
-        from orchestrator.sandbox.docker import DockerBackend, docker_usable
+    from orchestrator.sandbox.choice import choose_backend
 
-        usable, why = docker_usable()
-        if usable:
-            # Size 1 by default: the pool fills for the root's workspace after its own cold
-            # start, so subagents (same cwd) start warm.
-            return DockerBackend(
-                network=network,
-                pool_size=settings.warm_pool_size,
-                interrupt_grace_s=settings.interrupt_grace_s,
-                output_cap_chars=settings.output_cap_chars,
-            )
-        if name == "docker":
-            raise UserError(f"the docker backend is not usable: {why}")
-        print(
-            f"prime-agent: warning: using the local backend, the session is NOT isolated ({why})",
-            file=sys.stderr,
-        )
+    choice = choose_backend(name, lambda: _docker_status(settings))  # UserError: bad name...
+    if choice.name == "docker":
+        from orchestrator.sandbox.docker import DockerBackend
+
+        # The sandbox policy of the config (image, workspace mode, limits). Pool size 1 by
+        # default: the pool fills for the root's workspace after its own cold start, so
+        # subagents (same cwd) start warm.
+        return DockerBackend.from_settings(settings, network=network)
+    if choice.warning:
+        print(f"prime-agent: warning: {choice.warning}", file=sys.stderr)
     from orchestrator.sandbox.local import LocalBackend
 
     # The root's sandbox starts cold at once (overlapping the first model call); spares would
@@ -83,7 +73,16 @@ def make_backend(name: str, settings: Settings, *, network: bool = False) -> San
         pool_size=0,
         interrupt_grace_s=settings.interrupt_grace_s,
         output_cap_chars=settings.output_cap_chars,
+        workspace_mode=settings.sandbox.workspace,
     )
+
+
+def _docker_status(settings: Settings) -> tuple[bool, str]:
+    # The docker SDK is imported only when docker is asked for.
+    from orchestrator.sandbox.docker import docker_usable
+    from orchestrator.sandbox.images import resolve_image
+
+    return docker_usable(resolve_image(settings.sandbox.image))
 
 
 async def run_session(
@@ -95,8 +94,9 @@ async def run_session(
     sink: EventSink | None = None,
     on_session: Callable[[str], None] | None = None,
 ) -> RunResult:
+    # The bus first: a bad [nats] config is a one-line error before anything is opened.
+    bus = NatsSessionBus(paths, nats=settings.nats)
     store = await Store.open(paths.database_file)
-    bus = NatsSessionBus(paths)
     orch = Orchestrator(
         store=store,
         backend=make_backend(opts.backend, settings, network=opts.network),

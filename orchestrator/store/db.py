@@ -41,7 +41,7 @@ from pydantic import BaseModel
 from orchestrator.errors import PrimeAgentError, StoreError, StoreLocked
 from orchestrator.ids import new_event_id, validate_session_id
 from orchestrator.paths import ensure_private_dir
-from orchestrator.store import queries
+from orchestrator.store import queries, sandboxes, tree
 from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
 from orchestrator.store.migrate import check_readable, migrate
 from orchestrator.store.queries import (
@@ -463,6 +463,12 @@ class Store:
             lambda con: queries.select_events(con, session_id, after_seq, limit)
         )
 
+    async def recent_events(self, session_id: str, limit: int) -> list[EventRecord]:
+        """The newest ``limit`` events of a session (every branch), oldest first."""
+        if limit < 0:
+            raise ValueError("limit must be >= 0")
+        return await self._call(lambda con: queries.select_recent_events(con, session_id, limit))
+
     async def get_event(self, event_id: str) -> EventRecord | None:
         return await self._call(lambda con: queries.select_event(con, event_id))
 
@@ -476,6 +482,54 @@ class Store:
     async def active_path(self, session_id: str) -> list[EventRecord]:
         """The events from the root to the session's leaf, root first."""
         return await self._call(lambda con: queries.select_active_path(con, session_id))
+
+    async def read(self, fn: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        """Run ``fn(connection)`` on the writer thread and return its result: the way query
+        modules outside this file (``context_queries``) read. ``fn`` must not write."""
+        return await self._call(fn)
+
+    async def transaction(
+        self, fn: Callable[[duckdb.DuckDBPyConnection], _T], *, sessions: tuple[str, ...] = ()
+    ) -> _T:
+        """Run ``fn(connection)`` in one transaction: all of its writes commit, or none.
+
+        ``sessions`` names existing sessions whose events or leaf ``fn`` changes: the writer's
+        cached counters for them are dropped and reloaded from the database.
+        """
+        self._check_writable()
+        return await self._call(lambda con: self._transaction(con, fn, sessions))
+
+    def _transaction(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        fn: Callable[[duckdb.DuckDBPyConnection], _T],
+        sessions: tuple[str, ...],
+    ) -> _T:
+        con.begin()
+        try:
+            result = fn(con)
+            con.commit()
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                con.rollback()
+            raise
+        finally:
+            for session_id in sessions:
+                self._sessions.pop(session_id, None)
+        return result
+
+    # -- sandboxes (adopted by the next daemon: orchestrator/sessions/adoption.py) ---------------
+
+    async def put_sandbox(self, row: sandboxes.SandboxRow) -> None:
+        self._check_writable()
+        await self._call(lambda con: sandboxes.upsert_sandbox(con, row))
+
+    async def delete_sandbox(self, backend: str, ref: str) -> None:
+        self._check_writable()
+        await self._call(lambda con: sandboxes.delete_sandbox(con, backend, ref))
+
+    async def list_sandboxes(self) -> list[sandboxes.SandboxRow]:
+        return await self._call(sandboxes.select_sandboxes)
 
     # -- usage -----------------------------------------------------------------------------------
 
@@ -595,6 +649,7 @@ class Store:
                 check_readable(con, self._path)
             else:
                 migrate(con, self._path)
+                tree.repair_leaves(con)  # a session with events but no leaf (DESIGN.md §3)
                 os.chmod(self._path, DATABASE_FILE_MODE)
         except BaseException:
             con.close()

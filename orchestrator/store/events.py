@@ -7,7 +7,7 @@ pointer names the newest event on its active path; a new event's parent is the l
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,8 +15,12 @@ __all__ = [
     "EVENT_PAYLOADS",
     "AbortedPayload",
     "AssistantMessagePayload",
+    "BranchSummaryPayload",
+    "CompactionPayload",
+    "CustomPayload",
     "ErrorPayload",
     "EventType",
+    "ModelChangePayload",
     "NoticePayload",
     "RetryPayload",
     "RunEndPayload",
@@ -36,6 +40,10 @@ EventType = Literal[
     "notice",
     "aborted",
     "run_end",
+    "branch_summary",
+    "custom",
+    "compaction",
+    "model_change",
 ]
 
 
@@ -116,6 +124,51 @@ class RunEndPayload(_Payload):
     final_text: str = ""
 
 
+class BranchSummaryPayload(_Payload):
+    """Recorded at a branch point when the leaf moves back (``prime-agent branch --summary``):
+    what the abandoned path did, so the model keeps it (docs/tree.md)."""
+
+    summary: str
+    from_event_id: str | None = None  # the leaf that was left
+    details: dict[str, Any] | None = None  # e.g. {"readFiles": [...], "modifiedFiles": [...]}
+
+
+class CustomPayload(_Payload):
+    """An entry of an imported session file with no event type of its own, kept verbatim:
+    ``fields`` is the entry without ``type``/``id``/``parentId``/``timestamp`` (entry ids in
+    ``firstKeptEntryId``, ``fromId``, ``targetId`` mapped to event ids). Never in context."""
+
+    entry_type: str  # the file's entry type: "custom", "label", "session_info", ...
+    fields: dict[str, Any] = Field(default_factory=dict)
+
+
+class CompactionPayload(_Payload):
+    """The context before this point was summarised (docs/compaction.md). Parent: the leaf at
+    the time. Context assembly from here on: ``summary`` (with ``kernel_note``), then the
+    ``pinned_event_id`` message (the user turn in flight, never summarised), then the path
+    from ``first_kept_event_id`` on (None: nothing before this event is kept)."""
+
+    summary: str
+    first_kept_event_id: str | None
+    tokens_before: int
+    tokens_after: int
+    reason: Literal["threshold", "overflow", "manual", "requested", "imported"]
+    pinned_event_id: str | None = None
+    instructions: str | None = None
+    read_files: list[str] = Field(default_factory=list)  # cumulative over compactions
+    modified_files: list[str] = Field(default_factory=list)
+    kernel_note: str | None = None  # what the kernel kept and dropped (oversized variables)
+    model: str | None = None  # the session's model here: a later read stops at this event
+    summarized_events: int = 0
+
+
+class ModelChangePayload(_Payload):
+    """The session's model changed here; it applies to every later model call on this path."""
+
+    model: str  # the new selector, e.g. "openai/gpt-4o-mini"
+    previous: str | None = None
+
+
 EVENT_PAYLOADS: dict[str, type[_Payload]] = {
     "user_message": UserMessagePayload,
     "assistant_message": AssistantMessagePayload,
@@ -126,4 +179,8 @@ EVENT_PAYLOADS: dict[str, type[_Payload]] = {
     "notice": NoticePayload,
     "aborted": AbortedPayload,
     "run_end": RunEndPayload,
+    "branch_summary": BranchSummaryPayload,
+    "custom": CustomPayload,
+    "compaction": CompactionPayload,
+    "model_change": ModelChangePayload,
 }

@@ -34,6 +34,7 @@ __all__ = [
     "select_event",
     "select_events",
     "select_family",
+    "select_recent_events",
     "select_recorded_message_ids",
     "select_session",
     "select_sessions",
@@ -44,7 +45,9 @@ __all__ = [
     "utcnow",
 ]
 
-SessionStatus = Literal["idle", "running", "inactive", "completed", "error", "aborted", "deleted"]
+SessionStatus = Literal[
+    "idle", "running", "inactive", "completed", "error", "aborted", "deleted", "failed"
+]
 SESSION_STATUSES: tuple[str, ...] = get_args(SessionStatus)
 
 # A guard against a parent cycle, which the writer never creates (a parent must exist before its
@@ -89,6 +92,8 @@ class SessionRecord:
     updated_at: datetime = field(default_factory=utcnow)
     rlm_child_id: str | None = None  # "sub-xxxxxxxx" for a child spawned by rlm()
     budget_tokens: int | None = None  # reserved at spawn; None = only ancestors' budgets apply
+    forked_from: str | None = None  # fork/clone: the session copied (docs/tree.md)
+    forked_at: str | None = None  # ... and its event the copy goes up to
 
 
 SESSION_COLUMNS: tuple[str, ...] = (
@@ -107,6 +112,8 @@ SESSION_COLUMNS: tuple[str, ...] = (
     "updated_at",
     "rlm_child_id",
     "budget_tokens",
+    "forked_from",
+    "forked_at",
 )
 _SESSION_SELECT = f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions"
 
@@ -316,6 +323,17 @@ def select_events(
         sql += " LIMIT $3"
         params.append(limit)
     return [_event_from_row(row) for row in con.execute(sql, params).fetchall()]
+
+
+def select_recent_events(
+    con: duckdb.DuckDBPyConnection, session_id: str, limit: int
+) -> list[EventRecord]:
+    """The newest ``limit`` events of a session, oldest first (what ``observe`` shows)."""
+    rows = con.execute(
+        f"SELECT {_EVENT_COLUMNS} FROM events WHERE session_id = $1 ORDER BY seq DESC LIMIT $2",
+        [session_id, limit],
+    ).fetchall()
+    return [_event_from_row(row) for row in reversed(rows)]
 
 
 def select_recorded_message_ids(
