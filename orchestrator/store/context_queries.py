@@ -22,15 +22,13 @@ The functions here take the DuckDB connection and run on the store's writer thre
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import duckdb
 
 from orchestrator.store.db import Store
-from orchestrator.store.events import EventType
-from orchestrator.store.queries import EventRecord, from_db_ts
+from orchestrator.store.queries import EventRecord, event_from_row
 
 __all__ = [
     "CONTEXT_WINDOW_FIRST_ROWS",
@@ -91,16 +89,7 @@ class ContextPath:
 
 
 def _record(row: tuple[Any, ...]) -> EventRecord:
-    session_id, seq, event_id, parent, type_, ts, payload = row
-    return EventRecord(
-        session_id=session_id,
-        seq=int(seq),
-        id=event_id,
-        parent_event_id=parent,
-        type=cast(EventType, type_),
-        ts=from_db_ts(ts),
-        payload=json.loads(payload),
-    )
+    return event_from_row(row)
 
 
 def select_context_path(con: duckdb.DuckDBPyConnection, session_id: str) -> ContextPath:

@@ -26,6 +26,7 @@ __all__ = [
     "SessionStatus",
     "UsageSummary",
     "check_parent",
+    "event_from_row",
     "find_session",
     "format_cost",
     "from_db_ts",
@@ -183,6 +184,11 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
     values["created_at"] = from_db_ts(values["created_at"])
     values["updated_at"] = from_db_ts(values["updated_at"])
     return SessionRecord(**values)
+
+
+def event_from_row(row: tuple[Any, ...]) -> EventRecord:
+    """An ``events`` row (``session_id, seq, id, parent_event_id, type, ts, payload``)."""
+    return _event_from_row(row)
 
 
 def _event_from_row(row: tuple[Any, ...]) -> EventRecord:

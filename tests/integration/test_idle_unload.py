@@ -50,14 +50,18 @@ async def _child(h: Harness, parent: LiveSession) -> LiveSession:
 
 async def test_idle_sessions_unload_and_wake_with_their_namespace() -> None:
     async with harness(SCRIPT, IDLE) as h:
+        # No unloading while the test sets up (a loaded machine can take longer than the idle
+        # time between a turn's end and the next line); then the real timer takes over.
+        idle_s = h.orch.idle.after_s
+        await h.orch.idle.close()
+        h.orch.idle.after_s = None
         root = await new_session(h)
         child = await _child(h, root)
-        # Each gateway is read as soon as its turn ends: on a loaded machine the root may be
-        # unloaded (idle for IDLE) while the child's turn still runs.
         root = await h.prompt(root, "define")
-        gateways = [local(root).gateway_pid]
         child = await h.prompt(child, "define")
-        gateways.append(local(child).gateway_pid)
+        gateways = [local(s).gateway_pid for s in (root, child)]
+        h.orch.idle.after_s = idle_s
+        h.orch.idle.start()
         await poll("the idle unload", lambda: not h.orch.sessions)
         # (A loaded machine may also unload one of them on its own before: that is fine.)
         assert h.orch.idle.unloaded >= 2

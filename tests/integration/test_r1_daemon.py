@@ -25,10 +25,9 @@ import pytest
 from orchestrator.api.client import ControlClient
 from orchestrator.api.protocol import Event
 from orchestrator.errors import ApiError
-from orchestrator.paths import Paths
-from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
 from tests.helpers import pids_alive, wait_until, write_config
+from tests.integration.test_r1_durability import stored_events
 
 ITERATIONS = 20
 SEED = 20261130
@@ -105,21 +104,6 @@ async def _watch_and_kill(proc: subprocess.Popen[bytes], delay: float) -> list[d
     return list(seen.values())
 
 
-def _stored() -> dict[str, dict[str, Any]]:
-    async def read() -> dict[str, dict[str, Any]]:
-        store = await Store.open(Paths.from_env().database_file, read_only=True)
-        try:
-            out: dict[str, dict[str, Any]] = {}
-            for s in await store.list_sessions():
-                for e in await store.events(s.id):
-                    out[e.id] = {"type": e.type, "seq": e.seq, "payload": e.payload}
-            return out
-        finally:
-            await store.close()
-
-    return asyncio.run(read())
-
-
 def kill_daemon_and_check(rng: random.Random) -> int:
     """One iteration; returns how many events the client had seen."""
     proc = _start_daemon()
@@ -129,7 +113,7 @@ def kill_daemon_and_check(rng: random.Random) -> int:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=EXIT_TIMEOUT_S)
-    stored = _stored()
+    stored = stored_events()
     for event in seen:
         assert event["id"] in stored, f"acknowledged event {event['type']} #{event['seq']} lost"
         assert stored[event["id"]]["payload"] == event["payload"]

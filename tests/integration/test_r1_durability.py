@@ -35,7 +35,9 @@ text: done
 """
 
 
-def _stored() -> dict[str, dict[str, Any]]:
+def stored_events() -> dict[str, dict[str, Any]]:
+    """Every event in the database, by id (opened read-only after the kill)."""
+
     async def read() -> dict[str, dict[str, Any]]:
         path = Paths.from_env().database_file
         if not path.exists():
@@ -78,7 +80,7 @@ def kill_and_check(url: str, rng: random.Random) -> int:
             continue  # the kill may cut the last line short: that line was never "seen"
         if "seq" in event:
             seen.append(event)
-    stored = _stored()
+    stored = stored_events()
     for event in seen:
         assert event["id"] in stored, f"acknowledged event {event['type']} #{event['seq']} lost"
         assert stored[event["id"]]["payload"] == event["payload"]
