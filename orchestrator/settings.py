@@ -231,6 +231,8 @@ class Settings(_Strict):
     family_wait_timeout_s: float = Field(default=FAMILY_WAIT_TIMEOUT_S, gt=0)
     session_token_budget: int | None = Field(default=None, gt=0)  # a root's budget
     idle_unload_minutes: float = Field(default=IDLE_UNLOAD_MINUTES, ge=0)  # 0 = never
+    # A turn the daemon's death interrupted continues after the restart (SPEC.md §4).
+    resume_interrupted_turns: bool = True
     idle_unload_seconds: float | None = Field(default=None, gt=0)  # overrides the minutes
     snapshot_debounce_s: float = Field(default=SNAPSHOT_DEBOUNCE_S, ge=0)
 

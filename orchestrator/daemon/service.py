@@ -40,7 +40,7 @@ from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sandbox.choice import BackendChoice
-from orchestrator.sessions.adoption import adopt_sandboxes
+from orchestrator.sessions.adoption import adopt_sandboxes, resume_interrupted_turns
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
@@ -243,6 +243,10 @@ class Daemon:
         redelivered = await self._orch.redeliver_pending()
         if redelivered:
             log.info("redelivered %d queued agent message(s)", redelivered)
+        # Turns the crash interrupted (marked above) continue, unless a message already did.
+        resumed = await resume_interrupted_turns(self._orch)
+        if resumed:
+            log.info("resumed %d interrupted turn(s): %s", len(resumed), ", ".join(resumed))
 
     def _sink(self, event: dict[str, Any]) -> None:
         # Only durable events (they carry the store's seq, committed before we get here: R1)

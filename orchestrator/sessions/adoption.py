@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Final
 
 from orchestrator.errors import SandboxError, UserError
 from orchestrator.ids import validate_session_id
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxRef
+from orchestrator.sessions.live import Inbound
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
 from orchestrator.sessions.sandbox_records import ref_of
+from orchestrator.store.events import UserMessagePayload
 
-__all__ = ["AdoptionReport", "adopt_sandboxes"]
+__all__ = ["RESUME_TEXT", "AdoptionReport", "adopt_sandboxes", "resume_interrupted_turns"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +101,36 @@ async def _try_adopt(orch: Orchestrator, backend: SandboxBackend, ref: SandboxRe
 
 def _ids(ref: SandboxRef) -> tuple[str, str]:
     return ref.backend, ref.ref
+
+
+# What a turn interrupted by the daemon's death continues with (source "harness"): the
+# interrupted step is already marked in the history, so continuing repeats nothing by itself.
+RESUME_TEXT: Final = (
+    "[harness] The orchestrator restarted while this turn was running. The interrupted step "
+    "is marked above: a cell that was running has status `interrupted` and was not re-run, "
+    "so its effects are unknown (check before repeating it). Continue the task."
+)
+
+
+async def resume_interrupted_turns(orch: Orchestrator) -> list[str]:
+    """Continue the turns ``recover_interrupted`` marked (sessions that were running when the
+    daemon died), after adoption and redelivery: a session a redelivered message already woke
+    is left to that turn. A model call has no side effect to repeat, and a cell is never
+    re-run: the model decides with the ``interrupted`` result in front of it. Returns the
+    sessions resumed; one that cannot be loaded is logged and skipped."""
+    resumed: list[str] = []
+    pending, orch.interrupted_turns = orch.interrupted_turns, []
+    if not orch.settings.resume_interrupted_turns:
+        return resumed
+    for session_id in pending:
+        try:
+            live = await orch.load_session_id(session_id)
+        except UserError as exc:
+            log.info("not resuming %s: %s", session_id, exc)
+            continue
+        if live.state == "running" or live.pending > 0:
+            continue
+        payload = UserMessagePayload(text=RESUME_TEXT, source="harness")
+        orch.submit(live, Inbound(payload))
+        resumed.append(session_id)
+    return resumed

@@ -178,6 +178,7 @@ class Orchestrator:
         self._budgeted: set[str] = set()
         self._budget_lock = asyncio.Lock()
         self._acks: set[asyncio.Task[None]] = set()
+        self.interrupted_turns: list[str] = []  # by recover_interrupted (adoption.py resumes)
         # Start backoff, namespace snapshots and revival (docs/snapshots.md), idle unload.
         self.sandboxes = SandboxSupervisor(paths, debounce_s=settings.snapshot_debounce_s)
         self.idle = IdleUnloader(self, after_s=settings.idle_unload_after_s)
@@ -402,6 +403,7 @@ class Orchestrator:
                     await self.store.append(
                         record.id, "aborted", AbortedPayload(reason=RESTART_ABORT_REASON)
                     )
+                    self.interrupted_turns.append(record.id)  # resumed after adoption
                 await self.store.update_session(record.id, status="inactive")
                 recovered.append(record.id)
             except Exception:  # one damaged session must not keep the others from recovering

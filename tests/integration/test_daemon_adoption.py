@@ -32,6 +32,7 @@ from orchestrator.api.client import ControlClient
 from orchestrator.api.server import default_socket_path
 from orchestrator.paths import Paths
 from orchestrator.sandbox.local import OWNER_ENV
+from orchestrator.sessions.adoption import RESUME_TEXT
 from orchestrator.sessions.manager import INTERRUPTED_CELL_TEXT
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE
 from orchestrator.store.db import Store
@@ -54,6 +55,8 @@ DEAD_PID = 2**22 + 4242
 
 SCRIPT = f"""
 repeat forever:
+    when "orchestrator restarted":
+        text: resumed after the restart
     when "pids":
         text: x is defined
     when re "^42 ":
@@ -209,6 +212,12 @@ async def _print_x(sid: str, model: FakeModelServer) -> tuple[list[dict[str, Any
     """After the restart: the next turn prints x + 1; returns the events and that output."""
     client = await ControlClient.connect()
     try:
+        # The turn the crash interrupted continues by itself (a harness message), once.
+        await _said(client, sid, "resumed after the restart")
+        resumed = [
+            r for r in model.requests if str(r["messages"][-1].get("content")) == RESUME_TEXT
+        ]
+        assert len(resumed) == 1
         asked = len(model.requests)
         assert (await client.call("prompt", session=sid, text="print x"))["status"] == "delivered"
         events = await _said(client, sid, "x plus one is 42")
