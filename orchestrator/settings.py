@@ -171,6 +171,8 @@ class SandboxSettings(_Strict):
     memory_mib: int = Field(default=SANDBOX_MEMORY_MIB, ge=SANDBOX_MEMORY_MIN_MIB)
     cpus: float = Field(default=SANDBOX_CPUS, gt=0)
     pids_limit: int = Field(default=SANDBOX_PIDS_LIMIT, ge=SANDBOX_PIDS_MIN)
+    # GPUs for docker sandboxes (the cuda image): "" none, "all", or a count ("1", "2"...).
+    gpus: str = Field(default="", pattern=r"^(|all|[1-9][0-9]*)$")
 
     @property
     def memory_bytes(self) -> int:

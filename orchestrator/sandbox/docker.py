@@ -538,6 +538,7 @@ class DockerBackend(SandboxBackend):
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
         cpus: float = DEFAULT_CPUS,
         pids_limit: int = DEFAULT_PIDS_LIMIT,
+        gpus: str = "",  # "" none, "all", or a count: docker's --gpus (cuda image)
         network: bool = False,
         workspace_mode: WorkspaceMode = "rw",
         pool_die_with_parent: bool = True,
@@ -555,6 +556,7 @@ class DockerBackend(SandboxBackend):
         self.memory_bytes = memory_bytes
         self.cpus = cpus
         self.pids_limit = pids_limit
+        self.gpus = gpus
         self.network = network
         self.workspace_mode = workspace_mode
         self.instance = instance
@@ -585,6 +587,7 @@ class DockerBackend(SandboxBackend):
             memory_bytes=sandbox.memory_bytes,
             cpus=sandbox.cpus,
             pids_limit=sandbox.pids_limit,
+            gpus=sandbox.gpus,
             network=network,
             interrupt_grace_s=settings.interrupt_grace_s,
             output_cap_chars=settings.output_cap_chars,

@@ -7,11 +7,12 @@ docs/docker.md ("A container", "Network policy") and docs/snapshots.md explain t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.errors import SandboxStartError
@@ -53,6 +54,7 @@ __all__ = [
 
 CONTAINER_NAME_PREFIX = "prime-agent-"
 NANO_CPUS_PER_CPU = 1_000_000_000
+GPU_COUNT_ALL = -1  # a DeviceRequest count meaning every GPU
 TMPFS_TMP = "size=512m,mode=1777"
 TMPFS_HOME = "size=256m,mode=1777"
 
@@ -93,6 +95,17 @@ def container_env(spec_env: Mapping[str, str]) -> dict[str, str]:
     if ENV_NATS_URL in env:
         env[ENV_NATS_URL] = f"nats://127.0.0.1:{CONTAINER_NATS_PORT}"
     return env
+
+
+def gpu_requests(gpus: str) -> list[Any]:
+    """Docker's ``--gpus``: "" none, "all" every GPU, N that many (the NVIDIA container
+    runtime must be installed; without it the start fails with the engine's one-line error)."""
+    if not gpus:
+        return []
+    from docker.types import DeviceRequest
+
+    count = GPU_COUNT_ALL if gpus == "all" else int(gpus)
+    return [DeviceRequest(count=count, capabilities=[["gpu"]])]
 
 
 def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
@@ -164,6 +177,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             memswap_limit=limits.memory_bytes,  # no swap: an OOM is an OOM
             nano_cpus=int(limits.cpus * NANO_CPUS_PER_CPU),
             pids_limit=limits.pids,
+            device_requests=gpu_requests(backend.gpus),
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=True,
@@ -177,5 +191,9 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             f"the sandbox image {image} is missing: {image_hint(image)}"
         ) from exc
     except errors.DockerException as exc:
+        # `run` creates before it starts: a start that fails (a missing GPU runtime, a bad
+        # mount) leaves a created container behind unless it is removed here.
+        with contextlib.suppress(errors.DockerException):
+            backend.docker.containers.get(name).remove(force=True)
         raise SandboxStartError(str(translate_error(exc, "starting a container"))) from exc
     return str(container.id)

@@ -366,3 +366,44 @@ async def test_local_ro_mode_warns_once(tmp_path: Path, caplog: pytest.LogCaptur
         assert [r.getMessage() for r in caplog.records].count(LOCAL_RO_WARNING) == 1
     finally:
         await b.close()
+
+
+# --- GPUs (the cuda image) ------------------------------------------------------------------------
+
+
+async def test_gpu_requests_follow_the_setting() -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.sandbox.docker_run import GPU_COUNT_ALL, gpu_requests
+    from orchestrator.settings import SandboxSettings
+
+    assert gpu_requests("") == []
+    (every,) = gpu_requests("all")
+    assert every["Count"] == GPU_COUNT_ALL and every["Capabilities"] == [["gpu"]]
+    assert gpu_requests("2")[0]["Count"] == 2
+    for bad in ("0", "some", "-1"):
+        with pytest.raises(ValidationError):
+            SandboxSettings(gpus=bad)
+
+
+async def test_gpus_without_a_gpu_runtime_fail_to_start_with_one_line(
+    docker_image: None, tmp_path: Path
+) -> None:
+    """Where the engine has no GPU runtime (this machine), asking for GPUs is a clear start
+    error, and no container is left behind; with one, the same request gives the container
+    the GPUs (docker's --gpus)."""
+    from orchestrator.errors import SandboxStartError
+    from orchestrator.sandbox.docker import DockerBackend, list_owned
+    from orchestrator.settings import SandboxSettings, Settings
+
+    if "nvidia" in json.dumps(DockerBackend.from_settings(Settings()).docker.info()):
+        pytest.skip("this engine has a GPU runtime: the start would succeed")
+    settings = Settings(sandbox=SandboxSettings(gpus="all"), warm_pool_size=0)
+    b = DockerBackend.from_settings(settings)
+    try:
+        with pytest.raises(SandboxStartError) as failed:
+            await b.create(_spec(tmp_path, "gpus"))
+        assert "\n" not in str(failed.value) and "gpu" in str(failed.value).lower()
+        assert not [c for c in list_owned() if c.session_id == "pol-gpus"]
+    finally:
+        await b.close()
