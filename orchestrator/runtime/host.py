@@ -355,10 +355,13 @@ class HostClient:
         except (TimeoutError, OSError, nats_errors.Error) as exc:
             await link.close()
             last = errors[-1][1] if errors else (str(exc) or type(exc).__name__)
-            if AUTHORIZATION_VIOLATION in last.lower():
+            # Any attempt refused for authorization says it: after the refusal the server
+            # closes the connection, so a later attempt may only record a reset.
+            refused = [text for _, text in errors if AUTHORIZATION_VIOLATION in text.lower()]
+            if refused or AUTHORIZATION_VIOLATION in last.lower():
                 raise HostUnavailable(
                     f"the orchestrator's message bus at {config.url} refused this kernel's "
-                    f"credentials ({last})"
+                    f"credentials ({refused[-1] if refused else last})"
                 ) from None
             raise HostUnavailable(
                 f"cannot reach the orchestrator's message bus at {config.url} ({last})"
