@@ -25,7 +25,6 @@ import enum
 import json
 import os
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -38,12 +37,27 @@ from typing import Any, Final, Literal, TypeVar
 import duckdb
 from pydantic import BaseModel
 
-from orchestrator.errors import PrimeAgentError, StoreError, StoreLocked
+from orchestrator.errors import PrimeAgentError, StoreError
 from orchestrator.ids import new_event_id, validate_session_id
 from orchestrator.paths import ensure_private_dir
 from orchestrator.store import queries, sandboxes, tree
 from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
 from orchestrator.store.migrate import check_readable, migrate
+from orchestrator.store.opening import (
+    claim_path as _claim_path,
+)
+from orchestrator.store.opening import (
+    one_line as _one_line,
+)
+from orchestrator.store.opening import (
+    release_path as _release_path,
+)
+from orchestrator.store.opening import (
+    store_error as _store_error,
+)
+from orchestrator.store.opening import (
+    translate_open_error as _translate_open_error,
+)
 from orchestrator.store.queries import (
     SESSION_STATUSES,
     EventRecord,
@@ -176,33 +190,6 @@ def _settle(job: _Job, result: Any = None, exc: BaseException | None = None) -> 
     _settle_all([(job, result, exc)])
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-def _store_error(message: str, cause: BaseException) -> StoreError:
-    err = StoreError(message)
-    err.__cause__ = cause
-    return err
-
-
-_PID_RE = re.compile(r"PID (\d+)")
-
-
-def _translate_open_error(path: Path, exc: duckdb.Error) -> StoreError:
-    text = _one_line(exc)
-    if "Could not set lock" in text or "Conflicting lock" in text:
-        match = _PID_RE.search(text)
-        pid = f" (PID {match.group(1)})" if match else ""
-        return StoreLocked(
-            f"database {path} is in use by another prime-agent process{pid}; "
-            "wait for it to finish or stop it"
-        )
-    if "different configuration" in text:
-        return StoreLocked(f"database {path} is already open in this process (PID {os.getpid()})")
-    return StoreError(f"cannot open database {path}: {text}")
-
-
 def _clean_utf8(text: str) -> str:
     """Replace lone surrogates (from undecodable bytes) with U+FFFD.
 
@@ -213,28 +200,6 @@ def _clean_utf8(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
-
-
-# One writer per database file per process: two Store objects on one file would share DuckDB's
-# instance but keep separate sequence counters, and hand out duplicate seq numbers.
-_open_paths: set[str] = set()
-_open_paths_lock = threading.Lock()
-
-
-def _claim_path(path: Path) -> str:
-    key = os.path.realpath(path)
-    with _open_paths_lock:
-        if key in _open_paths:
-            raise StoreLocked(
-                f"database {path} is already open in this process (PID {os.getpid()})"
-            )
-        _open_paths.add(key)
-    return key
-
-
-def _release_path(key: str) -> None:
-    with _open_paths_lock:
-        _open_paths.discard(key)
 
 
 # -- SQL of the append transaction ---------------------------------------------------------------
