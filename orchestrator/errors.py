@@ -106,3 +106,42 @@ class ApiError(PrimeAgentError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class HarnessError(PrimeAgentError):
+    """A Continual Harness write or refinement was refused (docs/harness.md).
+
+    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
+    """
+
+    code = "invalid_argument"
+
+
+class HarnessInvalid(HarnessError):
+    """The entry or edit fails validation (unknown kind, bad id, missing skill contract, the
+    base prompt as a target); nothing was written."""
+
+    code = "invalid_argument"
+
+
+class HarnessNotFound(HarnessError):
+    """The entry (or refinement) does not exist, or is deleted."""
+
+    code = "not_found"
+
+
+class HarnessConflict(HarnessError):
+    """A write against a stale version, or a create of an entry that exists: refused, so no
+    concurrent update is lost. ``current_version`` is the head's version (None if absent)."""
+
+    code = "conflict"
+
+    def __init__(self, message: str, *, current_version: int | None = None):
+        super().__init__(message)
+        self.current_version = current_version
+
+
+class ScheduleSpecError(UserError):
+    """A schedule or heartbeat spec (``in 10m``, ``every 30s``, ``at <time>``, cron) is invalid;
+    the message is one line saying what to write instead (docs/schedules.md)."""

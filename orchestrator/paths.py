@@ -9,11 +9,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["APP_DIR_NAME", "DATABASE_FILE_NAME", "Paths", "ensure_private_dir"]
+__all__ = [
+    "APP_DIR_NAME",
+    "DATABASE_FILE_NAME",
+    "SKILLS_DIR_NAME",
+    "Paths",
+    "ensure_private_dir",
+]
 
 APP_DIR_NAME = "prime-agent"
 DATABASE_FILE_NAME = "prime-agent.duckdb"
 CONFIG_FILE_NAME = "config.toml"
+SKILLS_DIR_NAME = "skills"  # the user's skills (SKILL.md folders): orchestrator/harness/skills.py
 PRIVATE_DIR_MODE = 0o700
 
 
@@ -63,6 +70,11 @@ class Paths:
     @property
     def artifacts_dir(self) -> Path:
         return self.data_dir / "artifacts"
+
+    @property
+    def skills_dir(self) -> Path:
+        """The user's own skills, below every project's (orchestrator/harness/skills.py)."""
+        return self.data_dir / SKILLS_DIR_NAME
 
     def session_artifacts(self, session_id: str) -> Path:
         from orchestrator.ids import validate_session_id

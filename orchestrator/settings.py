@@ -30,6 +30,11 @@ The config file is ``$XDG_CONFIG_HOME/prime-agent/config.toml``::
     keep_recent_tokens = 20000               # newest tokens kept verbatim
     drop_large_variables = true              # after it, drop kernel variables > 16 MiB
 
+    [harness]                                # docs/harness.md
+    refine_enabled = true                    # /refine allowed in new sessions
+    outcome_turns = 10                       # turns before/after a refinement compared
+    skills = true                            # list SKILL.md skills in the prompt
+
     [nats]                                   # optional: an external server (docs/bus.md)
     url = "nats://nats.example:4222"
     account = "A..."                         # the account's public key
@@ -56,6 +61,7 @@ __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
     "EMBEDDED_CONTEXT_TOKENS",
     "EMBEDDED_MODEL_NAME",
+    "HARNESS_OUTCOME_TURNS",
     "IDLE_UNLOAD_MINUTES",
     "INTERRUPT_GRACE_S",
     "MODEL_MAX_RETRIES",
@@ -75,6 +81,7 @@ __all__ = [
     "CompactionSettings",
     "DaemonSettings",
     "EmbeddedSettings",
+    "HarnessSettings",
     "ModelConfig",
     "NatsSettings",
     "SandboxSettings",
@@ -116,6 +123,8 @@ SANDBOX_START_TIMEOUT_S = 60.0
 # Lifecycle (SPEC.md §4, docs/snapshots.md): a quiet loaded session is unloaded (inactive) after
 # this long; its namespace is snapshotted after cells, debounced by SNAPSHOT_DEBOUNCE_S.
 IDLE_UNLOAD_MINUTES = 30.0
+# A refinement's measured outcome compares this many turns after it with as many before.
+HARNESS_OUTCOME_TURNS = 10
 SECONDS_PER_MINUTE = 60.0
 SNAPSHOT_DEBOUNCE_S = 2.0
 # External NATS server (Settings.nats; docs/bus.md): a session's user JWT expires after this
@@ -189,6 +198,14 @@ class CompactionSettings(_Strict):
     drop_variable_bytes: int = Field(default=COMPACTION_DROP_VARIABLE_BYTES, ge=1)
 
 
+class HarnessSettings(_Strict):
+    """``[harness]``: the Continual Harness and /refine (docs/harness.md)."""
+
+    refine_enabled: bool = True  # new root sessions may refine; children inherit the flag
+    outcome_turns: int = Field(default=HARNESS_OUTCOME_TURNS, ge=1)  # measured-outcome window
+    skills: bool = True  # discover SKILL.md skills (project and user dirs)
+
+
 class DaemonSettings(_Strict):
     """``[daemon]``: whether CLI commands that need the daemon start it (docs/cli.md); the
     environment variable ``PRIME_AGENT_DAEMON_AUTOSTART`` (0/1) overrides it."""
@@ -214,6 +231,7 @@ class Settings(_Strict):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+    harness: HarnessSettings = Field(default_factory=HarnessSettings)
     cell_timeout_s: float = Field(default=CELL_TIMEOUT_DEFAULT_S, gt=0)
     cell_timeout_ceiling_s: float = Field(default=CELL_TIMEOUT_CEILING_S, gt=0)
     interrupt_grace_s: float = Field(default=INTERRUPT_GRACE_S, gt=0)

@@ -47,6 +47,7 @@ from orchestrator.store.events import (
     RetryPayload,
     ToolCall,
     ToolResultPayload,
+    TurnEndPayload,
     UserMessagePayload,
 )
 
@@ -110,8 +111,12 @@ class AgentLoop:
         sink: EventSink | None = None,
         hooks: LoopHooks | None = None,
         peek_sandbox: Callable[[], Sandbox | None] | None = None,
+        refresh_prompt: Callable[[], Awaitable[str]] | None = None,
     ):
         self.session_id = session_id
+        # Rebuilds the system prompt at each turn's start (a harness write, a model switch
+        # show from the next turn on, never in the middle of one: docs/harness.md).
+        self.refresh_prompt = refresh_prompt
         self.client = client
         self.system_prompt = system_prompt
         self.get_sandbox = get_sandbox
@@ -195,12 +200,16 @@ class AgentLoop:
     ) -> TurnOutcome:
         first = prompt if isinstance(prompt, UserMessagePayload) else None
         async with self._lock:
+            if self.refresh_prompt is not None:
+                self.system_prompt = await self.refresh_prompt()
             rec = await self._append(
                 "user_message", first or UserMessagePayload(text=str(prompt), source=source)
             )
             self._turn_event_id = getattr(rec, "id", None)
             try:
-                return await self._steps()
+                outcome = await self._steps()
+                await self._append("turn_end", TurnEndPayload(reason=outcome.reason))
+                return outcome
             except asyncio.CancelledError:
                 # Record the abort even though we are being cancelled: shield the write.
                 await asyncio.shield(self._append("aborted", AbortedPayload(reason="interrupted")))

@@ -40,6 +40,7 @@ __all__ = [
     "E_SHUTTING_DOWN",
     "E_UNKNOWN_COMMAND",
     "E_VERSION_MISMATCH",
+    "HARNESS_LOG_MAX_ROWS",
     "MAX_CAPABILITIES",
     "MAX_ID_CHARS",
     "MUTATING_COMMAND_TYPES",
@@ -63,15 +64,21 @@ __all__ = [
     "Fork",
     "GetSession",
     "GetUsage",
+    "HarnessEdit",
+    "HarnessList",
+    "HarnessLog",
     "Hello",
     "ImportSession",
     "ListSessions",
     "Ping",
     "Prompt",
+    "Refine",
+    "RefineRollback",
     "Response",
     "Resync",
     "SendMessage",
     "ServerMessage",
+    "SetModel",
     "Shutdown",
     "Tree",
     "WaitQuiet",
@@ -101,6 +108,12 @@ COMPACT_INSTRUCTIONS_MAX_CHARS = 4000
 # `tree` answers at most this many events per page (each about 200 bytes of JSON: far below the
 # 1 MiB line cap); the client asks again from `next_after`.
 TREE_PAGE_MAX_NODES = 2000
+# `refine` instructions (the kernel's refine.run has the same limit); harness text fields.
+REFINE_INSTRUCTIONS_MAX_CHARS = 4000
+HARNESS_CONTENT_MAX_CHARS = 16_000
+HARNESS_TITLE_MAX_CHARS = 200
+# `harness_log` answers at most this many versions/refinements (newest first).
+HARNESS_LOG_MAX_ROWS = 500
 
 # Capabilities. A feature used only when both sides list it; the intersection is stored per client.
 CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
@@ -328,6 +341,70 @@ class Compact(_Command):
     instructions: str | None = Field(default=None, max_length=COMPACT_INSTRUCTIONS_MAX_CHARS)
 
 
+class SetModel(_Command):
+    """``/model``: use ``model`` from the session's next model call on (a ``model_change``
+    event on its path, docs/tree.md). Refused while the session is in a turn."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["set_model"] = "set_model"
+    session: Token
+    model: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    api_base: str | None = Field(default=None, max_length=MAX_API_BASE_CHARS)
+
+
+class Refine(_Command):
+    """``/refine [instructions]`` (docs/harness.md): plan in the background, apply at the
+    session's next turn boundary (now, when it is idle)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["refine"] = "refine"
+    session: Token
+    instructions: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
+    scope: Literal["local", "global"] = "local"
+
+
+class RefineRollback(_Command):
+    """``refine rollback ID``: restore the before-state of every edit of refinement ``id``;
+    recorded as a refinement of its own."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["refine_rollback"] = "refine_rollback"
+    id: Token
+
+
+class HarnessLog(_Command):
+    """Who changed what, when and why: harness versions and refinements (with their measured
+    outcome), newest first; of one session tree (and the global entries) or of everything."""
+
+    type: Literal["harness_log"] = "harness_log"
+    session: Token | None = None
+    limit: int = Field(default=50, ge=1, le=HARNESS_LOG_MAX_ROWS)
+
+
+class HarnessList(_Command):
+    """The live harness entries a session sees (its tree's local ones and the global ones)."""
+
+    type: Literal["harness_list"] = "harness_list"
+    session: Token | None = None  # None: global entries only
+    kind: Literal["prompt", "memory", "skill", "subagent"] | None = None
+
+
+class HarnessEdit(_Command):
+    """A user's own harness write (source ``user``): create, update or delete one entry."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["harness_edit"] = "harness_edit"
+    action: Literal["create", "update", "delete"]
+    kind: Literal["prompt", "memory", "skill", "subagent"]
+    session: Token | None = None  # the tree of a local entry; None with scope global
+    scope: Literal["local", "global"] = "local"
+    id: Token | None = None
+    title: str | None = Field(default=None, max_length=HARNESS_TITLE_MAX_CHARS)
+    content: str | None = Field(default=None, max_length=HARNESS_CONTENT_MAX_CHARS)
+    version: int | None = Field(default=None, ge=1)
+    reason: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
+
+
 class WaitQuiet(_Command):
     """Wait until the session's whole tree is quiet (nothing running, no input waiting) and
     answer with its last turn's outcome: print mode through the daemon. ``release`` unloads
@@ -364,6 +441,12 @@ _Commands = (
     | Clone
     | ImportSession
     | Compact
+    | SetModel
+    | Refine
+    | RefineRollback
+    | HarnessLog
+    | HarnessList
+    | HarnessEdit
     | WaitQuiet
     | Shutdown
 )
@@ -388,6 +471,12 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     Clone,
     ImportSession,
     Compact,
+    SetModel,
+    Refine,
+    RefineRollback,
+    HarnessLog,
+    HarnessList,
+    HarnessEdit,
     WaitQuiet,
     Shutdown,
 )

@@ -81,6 +81,15 @@ REQUEST_TYPES = frozenset(
         "history.tail",
         "compact.run",
         "compact.status",
+        "harness.create",
+        "harness.update",
+        "harness.delete",
+        "harness.list",
+        "harness.get",
+        "harness.history",
+        "refine.run",
+        "refine.status",
+        "refine.rollback",
     }
 )
 
@@ -95,6 +104,7 @@ ERROR_CODES = {
     "budget_exceeded": "the token budget does not allow this",
     "rate_limited": "too many messages per second to one target (see retry_after)",
     "model_unavailable": "the requested model cannot be used with current credentials",
+    "conflict": "the harness entry changed since the version the write was based on",
     "internal": "the orchestrator failed; the message says how",
 }
 

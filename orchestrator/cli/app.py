@@ -21,6 +21,7 @@ from orchestrator.cli import compact as compact_cmd
 from orchestrator.cli import daemon as daemon_cmd
 from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import export as export_cmd
+from orchestrator.cli import harness as harness_cmd
 from orchestrator.cli import images as images_cmd
 from orchestrator.cli import import_ as import_cmd
 from orchestrator.cli import run as run_cmd
@@ -69,6 +70,13 @@ app.command("clone", help="A new session holding a copy of a session's active pa
 app.command("compact", help="Summarise the older part of a session's context (/compact).")(
     compact_cmd.compact
 )
+app.command("model", help="Switch a session's model from its next turn on (/model).")(
+    harness_cmd.model
+)
+app.command("refine", help="Refine a session's harness (/refine), or: refine rollback ID.")(
+    harness_cmd.refine
+)
+app.add_typer(harness_cmd.harness_app, name="harness")
 app.add_typer(images_cmd.images_app, name="images")
 app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
 
@@ -96,6 +104,9 @@ SUBCOMMANDS = frozenset(
         "fork",
         "clone",
         "compact",
+        "model",
+        "refine",
+        "harness",
     }
 )
 

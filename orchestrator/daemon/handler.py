@@ -45,18 +45,24 @@ from orchestrator.api.protocol import (
     Fork,
     GetSession,
     GetUsage,
+    HarnessEdit,
+    HarnessList,
+    HarnessLog,
     ImportSession,
     JsonObject,
     ListSessions,
     Ping,
     Prompt,
+    Refine,
+    RefineRollback,
     SendMessage,
+    SetModel,
     Shutdown,
     Tree,
     WaitQuiet,
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
-from orchestrator.daemon import tree_commands
+from orchestrator.daemon import harness_commands, tree_commands
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -164,6 +170,9 @@ def _session_dict(rec: SessionRecord, live: LiveSession | None) -> JsonObject:
         "root_id": rec.root_id,
         "rlm_child_id": rec.rlm_child_id,
         "cwd": rec.cwd,
+        "forked_from": rec.forked_from,  # fork/clone: the session it was copied from
+        "forked_at": rec.forked_at,
+        "refine_enabled": rec.refine_enabled,
         "created_at": rec.created_at.isoformat(),
         "updated_at": rec.updated_at.isoformat(),
     }
@@ -239,6 +248,17 @@ class DaemonHandler(CommandHandler):
             case Compact():  # now when idle, at the next step boundary when in a turn
                 live = await self._live(command.session)
                 return {"session": live.id, **await compact_session(live, command.instructions)}
+            case SetModel():
+                live = await self._live(command.session)
+                return await harness_commands.set_model(self.daemon, live, command)
+            case Refine():
+                live = await self._live(command.session)
+                return await harness_commands.refine(self.daemon, live, command)
+            case RefineRollback():
+                return await harness_commands.rollback(self.daemon, command)
+            case HarnessLog() | HarnessList() | HarnessEdit():
+                named = await self._record(command.session) if command.session else None
+                return await harness_commands.by_record(self.daemon, named, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
             case Shutdown():

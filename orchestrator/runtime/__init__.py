@@ -11,8 +11,9 @@ What the extension installs:
   the whole group.
 - ``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff; it can
   be called plainly or awaited.
-- ``rlm``, ``agent_message``, ``agent_observe``, ``history``, ``compact``: host requests over
-  NATS (``rlm.py``, ``messaging.py``, ``history.py``, ``host.py``; docs/runtime.md). They
+- ``rlm`` (with ``rlm.harness``), ``agent_message``, ``agent_observe``, ``history``,
+  ``compact``, ``refine``: host requests over NATS (``rlm.py``, ``harness.py``,
+  ``messaging.py``, ``history.py``, ``refine.py``, ``host.py``; docs/runtime.md). They
   are pushed as lazy stand-ins: the first use imports the real object and puts it in the
   namespace in the stand-in's place, so a kernel start pays for none of it (and ``nats`` is
   imported only by the first request).
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +40,9 @@ __all__ = [
     "session_setup",
 ]
 
+CWD_PATH_ENTRY = ""  # sys.path's entry for "the current directory, whatever it is now"
 # Names the runtime adds to the user namespace (hidden from %who and namespace snapshots).
-RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe", "history", "compact")
+RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe", "history", "compact", "refine")
 # Name -> (module, attribute) of the helpers pushed as lazy stand-ins.
 LAZY_HELPERS = {
     "rlm": ("orchestrator.runtime.rlm", "rlm"),
@@ -47,6 +50,7 @@ LAZY_HELPERS = {
     "agent_observe": ("orchestrator.runtime.messaging", "agent_observe"),
     "history": ("orchestrator.runtime.history", "history"),
     "compact": ("orchestrator.runtime.history", "compact"),
+    "refine": ("orchestrator.runtime.refine", "refine"),
 }
 # ipykernel's shell init asks every subprocess for colour (TERM=xterm-color, FORCE_COLOR=1,
 # CLICOLOR_FORCE=1); the model reads plain text, and escape codes only cost tokens.
@@ -131,6 +135,10 @@ def load_ipython_extension(ipython: Any) -> None:
         helpers[name] = _LazyHelper(name, module, attr, namespaces)
     ipython.user_ns.update(helpers)
     ipython.user_ns_hidden.update(helpers)
+    # The kernel starts with ``python -P`` so a user's ``zmq.py`` cannot shadow what ipykernel
+    # imports at start; from here on cells import from the working directory as in Jupyter.
+    if CWD_PATH_ENTRY not in sys.path:
+        sys.path.insert(0, CWD_PATH_ENTRY)
     for name in COLOR_FORCING_ENV:
         os.environ.pop(name, None)
     os.environ.update(PLAIN_OUTPUT_ENV)

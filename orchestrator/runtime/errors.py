@@ -26,6 +26,7 @@ from typing import ClassVar
 __all__ = [
     "ERROR_CLASSES",
     "BudgetExceeded",
+    "Conflict",
     "DepthLimitExceeded",
     "HostError",
     "HostTimeout",
@@ -163,6 +164,13 @@ class ModelUnavailable(HostError):
     default_code = "model_unavailable"
 
 
+class Conflict(HostError):
+    """A harness write was based on a stale version (or creates an id that exists): it was
+    refused and nothing changed. Read the entry again, then retry against its new version."""
+
+    default_code = "conflict"
+
+
 class InternalHostError(HostError):
     """The orchestrator failed (or sent a reply the runtime cannot read)."""
 
@@ -217,6 +225,7 @@ ERROR_CLASSES: dict[str, type[HostError]] = {
     "budget_exceeded": BudgetExceeded,
     "rate_limited": RateLimited,
     "model_unavailable": ModelUnavailable,
+    "conflict": Conflict,
     "internal": InternalHostError,
     TIMEOUT_CODE: HostTimeout,
     UNAVAILABLE_CODE: HostUnavailable,

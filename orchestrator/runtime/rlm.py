@@ -23,7 +23,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from orchestrator.runtime.errors import (
     HostError,
@@ -33,6 +33,9 @@ from orchestrator.runtime.errors import (
     error_from_reply,
 )
 from orchestrator.runtime.host import HostBound
+
+if TYPE_CHECKING:
+    from orchestrator.runtime.harness import Harness
 
 __all__ = [
     "FIND_MODELS_DEFAULT_LIMIT",
@@ -243,6 +246,7 @@ class Rlm(HostBound):
     - ``await rlm.find_models(query="", limit=8)`` -> ``[RLMModel]``.
     - ``await rlm.query(prompt, model=None)`` -> the completion text (no session, no sandbox).
     - ``await rlm.query_batched(prompts, model=None)`` -> one text per prompt, in order.
+    - ``rlm.harness``: the Continual Harness (prompt notes, memories, skills, subagent specs).
     """
 
     RUN_KWARGS = ("name", "model", "thinking", "budget")
@@ -439,6 +443,13 @@ class Rlm(HostBound):
                 results=results,
             )
         return results
+
+    @property
+    def harness(self) -> Harness:
+        """The Continual Harness (``harness.py``): imported on first use, same client."""
+        from orchestrator.runtime.harness import Harness
+
+        return Harness(self._client_override)
 
     def host_request(
         self,

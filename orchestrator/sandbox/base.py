@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from orchestrator.errors import SandboxError
+from orchestrator.errors import SandboxError, SandboxStartError
 
 __all__ = [
+    "PYTHONPATH_ENV",
     "WORKSPACE_MODES",
     "CellError",
     "CellResult",
@@ -32,6 +34,8 @@ __all__ = [
     "SandboxSpec",
     "SilentRunner",
     "WorkspaceMode",
+    "checked_skill_dirs",
+    "with_import_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ CellStatus = Literal["ok", "error", "timeout", "aborted", "kernel_died"]
 # rw bind, ro bind, or a private copy synced back when the sandbox stops.
 WorkspaceMode = Literal["rw", "ro", "copy"]
 WORKSPACE_MODES: tuple[WorkspaceMode, ...] = ("rw", "ro", "copy")
+PYTHONPATH_ENV = "PYTHONPATH"
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,34 @@ class SandboxSpec:
     # snapshots. A local kernel uses it as it is; a docker container has it mounted at a fixed
     # path (``Sandbox.kernel_snapshot_dir``).
     snapshot_dir: Path | None = None
+    # Directories of Python-backed skills (orchestrator/harness/skills.py). Each one is itself
+    # an entry of the kernel's import path (PYTHONPATH), so ``import <skill>`` works; the
+    # docker backend mounts each read-only (docs/harness.md, "Skills"). Part of the policy: a
+    # child's spec copies its parent's.
+    skill_dirs: tuple[Path, ...] = ()
+
+
+def checked_skill_dirs(dirs: Sequence[Path]) -> tuple[Path, ...]:
+    """``SandboxSpec.skill_dirs`` resolved; ``SandboxStartError`` for one that is not a
+    directory (a bind mount would create it empty, and an import would fail far from here)."""
+    checked = []
+    for directory in dirs:
+        resolved = directory.resolve()
+        if not resolved.is_dir():
+            raise SandboxStartError(f"skill directory {directory} does not exist")
+        if os.pathsep in str(resolved):  # it would split into two PYTHONPATH entries
+            raise SandboxStartError(f"skill directory {directory} has {os.pathsep!r} in its path")
+        checked.append(resolved)
+    return tuple(checked)
+
+
+def with_import_path(env: Mapping[str, str], entries: Sequence[str]) -> dict[str, str]:
+    """``env`` with ``entries`` put first on its PYTHONPATH (kept when ``entries`` is empty)."""
+    result = dict(env)
+    if entries:
+        tail = [result[PYTHONPATH_ENV]] if result.get(PYTHONPATH_ENV) else []
+        result[PYTHONPATH_ENV] = os.pathsep.join([*entries, *tail])
+    return result
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from orchestrator.sandbox.base import (
     SandboxRef,
     SandboxSpec,
     WorkspaceMode,
+    checked_skill_dirs,
 )
 from orchestrator.sandbox.docker_owned import (
     LABEL_DAEMON,
@@ -71,9 +72,9 @@ from orchestrator.sandbox.docker_run import (
     NATS_SOCKET,
     SANDBOX_UID,
     SOCKET_DIR_MODE,
-    container_env,
     nats_target,
     run_container,
+    session_env,
 )
 from orchestrator.sandbox.docker_slots import (
     CONTAINER_SNAPSHOT_DIR,
@@ -221,7 +222,7 @@ class DockerSandbox(Sandbox):
         self.client = client
         client.on_restart = self._setup
         await client.start_kernel(
-            env={**KERNEL_BASE_ENV, **container_env(self.spec.env)},
+            env={**KERNEL_BASE_ENV, **session_env(self.spec)},
             path=str(self.spec.cwd).lstrip("/"),
         )
         await client.connect()
@@ -354,7 +355,7 @@ class DockerSandbox(Sandbox):
 
     async def _setup(self) -> None:
         assert self.client is not None
-        env = container_env(self.spec.env)
+        env = session_env(self.spec)
         code = (
             "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
             f"{str(self.spec.cwd)!r}, {env!r})"
@@ -568,6 +569,7 @@ class DockerBackend(SandboxBackend):
         self._closed = False
         self.pool: WarmPool[DockerSandbox] | None = None
         self._pool_for: tuple[Path, Path | None] | None = None  # (workspace, snapshots root)
+        self._pool_skills: tuple[Path, ...] = ()  # the skill directories its containers mount
         self._swept: set[Path] = set()  # snapshot roots whose stray slots were removed
         self._retired: list[WarmPool[DockerSandbox]] = []
         self.pool_die_with_parent = pool_die_with_parent
@@ -624,6 +626,7 @@ class DockerBackend(SandboxBackend):
             and self.image_for(spec) == self.image
             and self.workspace_for(spec) == self.workspace_mode != "copy"
             and self.limits_for(spec) == default
+            and spec.skill_dirs == self._pool_skills  # mounts are fixed at creation
         )
 
     def user_for(self, cwd: Path) -> str:
@@ -634,24 +637,35 @@ class DockerBackend(SandboxBackend):
             return f"{SANDBOX_UID}:{SANDBOX_UID}"
         return f"{st.st_uid}:{st.st_gid}"
 
-    def start_pool(self, cwd: Path | None = None, *, snapshot_root: Path | None = None) -> None:
+    def start_pool(
+        self,
+        cwd: Path | None = None,
+        *,
+        snapshot_root: Path | None = None,
+        skill_dirs: tuple[Path, ...] = (),
+    ) -> None:
         """Begin filling the warm pool for ``cwd`` (default: the last session's workspace);
         with ``snapshot_root`` (``<data>/snapshots``) its containers get snapshot slots, so
-        sessions with a snapshot directory there take them."""
+        sessions with a snapshot directory there take them; they mount ``skill_dirs``, so only
+        sessions with those very skill directories take them."""
         if cwd is not None:
-            self._use_pool_for(cwd.resolve(), snapshot_root)
+            self._use_pool_for(cwd.resolve(), snapshot_root, checked_skill_dirs(skill_dirs))
         if self.pool is not None and not self._closed:
             self.pool.start()
 
-    def _use_pool_for(self, cwd: Path, snapshot_root: Path | None) -> None:
+    def _use_pool_for(
+        self, cwd: Path, snapshot_root: Path | None, skill_dirs: tuple[Path, ...] = ()
+    ) -> None:
         key = (cwd, snapshot_root)
-        if self.pool_size <= 0 or key == self._pool_for or self.workspace_mode == "copy":
+        same = key == self._pool_for and skill_dirs == self._pool_skills
+        if self.pool_size <= 0 or same or self.workspace_mode == "copy":
             return  # copy mode: every session needs a fresh copy, a pooled one cannot help
         if self.pool is not None:
             self._retired.append(self.pool)
             old = self.pool
             asyncio.get_running_loop().create_task(old.close())
         self._pool_for = key
+        self._pool_skills = skill_dirs
 
         async def start_idle(die_with_parent: bool) -> DockerSandbox:
             spec = SandboxSpec(
@@ -659,6 +673,7 @@ class DockerBackend(SandboxBackend):
                 cwd=cwd,
                 artifacts_dir=Path(tempfile.gettempdir()),
                 die_with_parent=die_with_parent,
+                skill_dirs=skill_dirs,
             )
             slot = None
             if snapshot_root is not None:
@@ -678,10 +693,10 @@ class DockerBackend(SandboxBackend):
             raise SandboxError("backend is closed")
         if not spec.cwd.is_dir():
             raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
-        spec = replace(spec, cwd=spec.cwd.resolve())
+        spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         if self.pool_size > 0 and self.workspace_mode != "copy":
             fits = self._pool_fits(spec)
-            self._use_pool_for(*self._pool_key(spec))
+            self._use_pool_for(*self._pool_key(spec), spec.skill_dirs)
             assert self.pool is not None
             self.pool.start()
             sandbox = await (self.pool.acquire(spec) if fits else self._start_cold(spec))

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from orchestrator.errors import SandboxStartError
 from orchestrator.runtime.wire import ENV_NATS_URL
+from orchestrator.sandbox.base import SandboxSpec, checked_skill_dirs, with_import_path
 from orchestrator.sandbox.docker_owned import (
     LABEL_DAEMON,
     LABEL_HOST_DIR,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONTAINER_HOME",
     "CONTAINER_NATS_PORT",
+    "CONTAINER_SKILLS_DIR",
     "CONTAINER_SNAPSHOT_DIR",
     "CONTAINER_SOCKET_DIR",
     "GATEWAY_HOST_URL",
@@ -50,6 +52,10 @@ __all__ = [
     "container_env",
     "nats_target",
     "run_container",
+    "session_env",
+    "skill_mount_point",
+    "skill_mount_specs",
+    "skill_mounts",
 ]
 
 CONTAINER_NAME_PREFIX = "prime-agent-"
@@ -65,6 +71,8 @@ CONTAINER_SOCKET_DIR = "/run/prime-agent"
 CONTAINER_GATEWAY_RUNTIME = "/tmp/prime-agent-gateway"
 CONTAINER_NATS_PORT = 4222
 CONTAINER_PYTHON = "/opt/prime-agent/bin/python"
+# Python-backed skills: each skill directory read-only at CONTAINER_SKILLS_DIR/<its name>.
+CONTAINER_SKILLS_DIR = "/opt/prime-agent/skills"
 GATEWAY_SOCKET = "gateway.sock"
 NATS_SOCKET = "nats.sock"
 GATEWAY_HOST_URL = "http://localhost"  # Host header only: requests travel over the socket
@@ -97,6 +105,44 @@ def container_env(spec_env: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def skill_mount_point(directory: Path) -> str:
+    """Where a skill directory appears in the container."""
+    return f"{CONTAINER_SKILLS_DIR}/{directory.name}"
+
+
+def skill_mounts(skill_dirs: tuple[Path, ...]) -> dict[Path, str]:
+    """Host skill directory -> its path in the container (``SandboxStartError`` for one that is
+    missing: docker would create an empty directory in its place, or for two of one name)."""
+    mounts: dict[Path, str] = {}
+    for directory in checked_skill_dirs(skill_dirs):
+        inside = skill_mount_point(directory)
+        if inside in mounts.values():
+            raise SandboxStartError(f"two skill directories are named {directory.name}")
+        mounts[directory] = inside
+    return mounts
+
+
+def skill_mount_specs(skill_dirs: tuple[Path, ...]) -> list[Any]:
+    """Docker ``Mount``s of the skill directories: bind, read-only (a skill is the user's code,
+    never the agent's to change). Unlike ``volumes``, a bind ``Mount`` of a missing source is
+    an error, never an empty directory made for it."""
+    if not skill_dirs:
+        return []
+    from docker.types import Mount
+
+    return [
+        Mount(target=inside, source=str(directory), type="bind", read_only=True)
+        for directory, inside in skill_mounts(skill_dirs).items()
+    ]
+
+
+def session_env(spec: SandboxSpec) -> dict[str, str]:
+    """The kernel's session env inside (``container_env``), with the mounted skill directories
+    first on PYTHONPATH (also seen by the kernel's child processes)."""
+    entries = [skill_mount_point(directory) for directory in spec.skill_dirs]
+    return with_import_path(container_env(spec.env), entries)
+
+
 def gpu_requests(gpus: str) -> list[Any]:
     """Docker's ``--gpus``: "" none, "all" every GPU, N that many (the NVIDIA container
     runtime must be installed; without it the start fails with the engine's one-line error)."""
@@ -124,7 +170,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         "--relay",
         f"{CONTAINER_NATS_PORT}={CONTAINER_SOCKET_DIR}/{NATS_SOCKET}",
     ]
-    for name in sorted(spec.env):
+    for name in sorted(session_env(spec)):
         command += ["--env-allow", name]
     # The workspace appears at the project's own path in every mode (paths in prompts mean
     # the same on both sides); in copy mode that path shows the private copy.
@@ -135,6 +181,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         str(socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"},
         str(source): {"bind": workspace, "mode": "ro" if mode == "ro" else "rw"},
     }
+    skills = skill_mount_specs(spec.skill_dirs)
     image = backend.image_for(spec)
     # Checked first: containers.run would try to pull a missing image from a registry.
     if not image_exists(image, backend.docker):
@@ -183,6 +230,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             read_only=True,
             tmpfs={"/tmp": TMPFS_TMP, CONTAINER_HOME: TMPFS_HOME},
             volumes=mounts,
+            mounts=skills,
             init=True,  # docker-init as pid 1 forwards signals and reaps
             hostname="sandbox",
         )

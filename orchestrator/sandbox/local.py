@@ -47,6 +47,8 @@ from orchestrator.sandbox.base import (
     SandboxRef,
     SandboxSpec,
     WorkspaceMode,
+    checked_skill_dirs,
+    with_import_path,
 )
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import BASE_KERNEL_ENV_NAMES, TOKEN_ENV
@@ -71,6 +73,7 @@ __all__ = [
     "gateway_env",
     "kernel_env",
     "owned_gateways",
+    "session_env",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,12 @@ def kernel_env(spec_env: Mapping[str, str], gateway: Mapping[str, str]) -> dict[
     env = {name: gateway[name] for name in BASE_KERNEL_ENV_NAMES if gateway.get(name)}
     env.update(spec_env)
     return env
+
+
+def session_env(spec: SandboxSpec) -> dict[str, str]:
+    """The session's kernel env: ``spec.env`` with its skill directories first on PYTHONPATH
+    (also seen by the kernel's child processes: a skill's CLI, ``python`` in %%bash)."""
+    return with_import_path(spec.env, [str(d) for d in spec.skill_dirs])
 
 
 def _relative_to_root(path: Path) -> str:
@@ -299,8 +308,14 @@ class LocalSandbox(Sandbox):
         """Put the session's cwd and env in place (after every kernel start and restart)."""
         code = (
             "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
-            f"{str(self.spec.cwd)!r}, {dict(self.spec.env)!r})"
+            f"{str(self.spec.cwd)!r}, {session_env(self.spec)!r})"
         )
+        entries = [str(d) for d in self.spec.skill_dirs]
+        if entries:  # a pooled kernel started before its session had them on its PYTHONPATH
+            code = (
+                f"__import__('sys').path[:0] = [p for p in {entries!r} "
+                "if p not in __import__('sys').path]\n" + code
+            )
         reply = await self.client.run_silent(
             code, user_expressions={"pid": "__import__('os').getpid()"}
         )
@@ -471,7 +486,7 @@ class LocalBackend(SandboxBackend):
         if self._closed:
             raise SandboxError("backend is closed")
         _check_spec(spec)
-        spec = replace(spec, cwd=spec.cwd.resolve())
+        spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         mode = spec.workspace or self.workspace_mode
         spec, copy = await asyncio.to_thread(
             local_workspace, spec, mode, warn=mode == "ro" and not self._warned_ro
@@ -603,7 +618,7 @@ class LocalBackend(SandboxBackend):
         ]
         if spec.die_with_parent:
             argv.append("--die-with-parent")
-        for name in sorted(spec.env):
+        for name in sorted(session_env(spec)):
             argv += ["--env-allow", name]
         child: ChildProcess | None = None
         client: KernelGatewayClient | None = None
@@ -635,7 +650,7 @@ class LocalBackend(SandboxBackend):
             client = KernelGatewayClient(url, token)
             async with asyncio.timeout(self.start_timeout_s):
                 await client.start_kernel(
-                    env=kernel_env(spec.env, env), path=_relative_to_root(spec.cwd)
+                    env=kernel_env(session_env(spec), env), path=_relative_to_root(spec.cwd)
                 )
                 await client.connect()
                 await client.wait_ready()

@@ -36,7 +36,7 @@ from orchestrator.bus.server import BusServer, EmbeddedNats
 from orchestrator.errors import BusError
 from orchestrator.ids import SESSION_ID_RE
 from orchestrator.paths import Paths, ensure_private_dir
-from orchestrator.sessions.manager import SessionBus
+from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.settings import NatsSettings
 
 log = logging.getLogger(__name__)

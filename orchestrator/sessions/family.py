@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import BusError, UserError
+from orchestrator.harness.service import HarnessService
 from orchestrator.ids import new_event_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -125,6 +126,7 @@ class FamilyService:
             "agent_observe.recent": self.observe_recent,
             # history.* and compact.* (orchestrator/sessions/history_service.py)
             **HistoryService(self.orch).handlers(),
+            **HarnessService(self.orch).handlers(),  # harness.*, refine.* (orchestrator/harness)
         }
 
     # -- helpers ----------------------------------------------------------------------------

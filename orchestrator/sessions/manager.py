@@ -22,6 +22,8 @@ from pydantic import ValidationError
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
+from orchestrator.harness.entries import GLOBAL_OWNER
+from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -30,9 +32,12 @@ from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
 from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.context import ContextBuilder
+from orchestrator.sessions.harness_link import SessionRefineTarget
 from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
+from orchestrator.sessions.prompting import PromptBuilder
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE, AdoptedSandboxes
+from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.sessions.supervisor import SandboxSupervisor
 from orchestrator.settings import Settings
 from orchestrator.store.context_queries import read_context_path
@@ -91,41 +96,6 @@ class SessionNotLoadable(UserError):
     """The session cannot be loaded: unknown, terminal (deleted, aborted, error), or closing."""
 
 
-class SessionBus:
-    """What the manager needs from the bus; ``None`` bus = sessions without host requests.
-
-    The mailbox methods keep agent messages durable (R4): a message is put into the
-    recipient's mailbox before it is queued in memory, and acked once the recipient has
-    recorded it. This base class has no mailbox (messages live in memory only).
-    """
-
-    async def credentials_env(self, session_id: str) -> dict[str, str]:
-        raise NotImplementedError
-
-    async def forget(self, session_id: str) -> None:
-        raise NotImplementedError
-
-    async def put_message(self, session_id: str, message: dict[str, Any]) -> None:
-        """Store ``message`` (a JSON object with a string ``id``) durably for the session."""
-        return None
-
-    async def ack_message(self, session_id: str, message_id: str) -> None:
-        """The message is recorded in the session's history: drop it from the mailbox."""
-        return None
-
-    async def pending_messages(self, session_id: str) -> list[dict[str, Any]]:
-        """Messages stored and not acked, oldest first."""
-        return []
-
-    async def sessions_with_messages(self) -> list[str]:
-        """Session ids whose mailbox is not empty."""
-        return []
-
-    async def purge_messages(self, session_id: str) -> None:
-        """Drop every pending message of the session (it was deleted)."""
-        return None
-
-
 @dataclass
 class _Hooks:
     session: LiveSession
@@ -182,6 +152,9 @@ class Orchestrator:
         # Start backoff, namespace snapshots and revival (docs/snapshots.md), idle unload.
         self.sandboxes = SandboxSupervisor(paths, debounce_s=settings.snapshot_debounce_s)
         self.idle = IdleUnloader(self, after_s=settings.idle_unload_after_s)
+        # The Continual Harness (docs/harness.md): prompts rebuilt after a change, /refine.
+        self.prompts = PromptBuilder(store, paths, settings)
+        self.refiner = Refiner(store, outcome_turns=settings.harness.outcome_turns)
 
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
@@ -219,6 +192,9 @@ class Orchestrator:
             status="idle",
             rlm_child_id=child_id_for(session_id) if parent else None,
             budget_tokens=budget,
+            refine_enabled=(
+                parent.record.refine_enabled if parent else self.settings.harness.refine_enabled
+            ),
         )
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that
@@ -226,7 +202,9 @@ class Orchestrator:
         spec = self._spec(record)
         if parent is not None:  # a child runs on its parent's image, workspace mode and limits
             p = parent.spec
-            spec = dataclasses.replace(spec, image=p.image, workspace=p.workspace, limits=p.limits)
+            spec = dataclasses.replace(
+                spec, image=p.image, workspace=p.workspace, limits=p.limits, skill_dirs=p.skill_dirs
+            )
         live = LiveSession(record=record, model=model, spec=spec)
         self.budgets.add(session_id, parent.id if parent else None, budget)
         self._budgeted.add(session_id)
@@ -250,6 +228,7 @@ class Orchestrator:
             labels={"root": record.root_id},
             snapshot_dir=self.sandboxes.snapshot_dir(record.id),
             die_with_parent=self.die_with_parent,
+            skill_dirs=self.prompts.skill_dirs(record.cwd),
         )
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
@@ -269,6 +248,7 @@ class Orchestrator:
             sink=self.sink,
             hooks=_Hooks(live, self.budgets),
             peek_sandbox=lambda: running_sandbox(live),  # compaction: kernel listing and drops
+            refresh_prompt=lambda: self.prompts.build(live),
         )
 
     # -- loading sessions from the store (waking) ---------------------------------------------
@@ -595,6 +575,7 @@ class Orchestrator:
                     live.last_outcome = TurnOutcome(reason="aborted")
             live.last_outcome = outcome
             live.turns += 1
+            await self._after_turn(live)
             # Steer messages that arrived after the last model call start the next turn.
             for leftover in reversed(live.steer):
                 live.follow.appendleft(leftover)
@@ -613,6 +594,27 @@ class Orchestrator:
                 continue
             rest = "completed" if live.record.parent_id else "idle"
             await self._set_state(live, self.sandboxes.resting_state(live, rest))
+
+    # -- the Continual Harness (docs/harness.md) ---------------------------------------------
+
+    def harness_changed(self, owner: str) -> None:
+        """Entries of ``owner`` changed: prompts built from them are rebuilt at next use."""
+        self.prompts.changed(owner)
+
+    def refine_target(self, live: LiveSession) -> SessionRefineTarget:
+        def changed(root_id: str) -> None:
+            self.harness_changed(root_id)
+            self.harness_changed(GLOBAL_OWNER)
+
+        return SessionRefineTarget(self, live, changed)
+
+    async def _after_turn(self, live: LiveSession) -> None:
+        """A turn boundary: planned refinements apply, measured outcomes that came due are
+        written. A failure here is logged and never stops the session's driver."""
+        try:
+            await self.refiner.at_boundary(self.refine_target(live))
+        except Exception:
+            log.exception("refine at the turn boundary of %s failed", live.id)
 
     async def _record_notes(self, live: LiveSession) -> None:
         assert live.loop is not None
@@ -781,6 +783,7 @@ class Orchestrator:
     async def close(self) -> None:
         self._closing = True
         await self.idle.close()
+        await self.refiner.close()  # planning stops; a planned refinement applies next time
         for live in list(self.sessions.values()):
             if live.record.parent_id is None:
                 with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ __all__ = [
     "RunEndPayload",
     "ToolCall",
     "ToolResultPayload",
+    "TurnEndPayload",
     "UsagePayload",
     "UserMessagePayload",
 ]
@@ -44,6 +45,7 @@ EventType = Literal[
     "custom",
     "compaction",
     "model_change",
+    "turn_end",
 ]
 
 
@@ -124,6 +126,13 @@ class RunEndPayload(_Payload):
     final_text: str = ""
 
 
+class TurnEndPayload(_Payload):
+    """The end of one turn (a prompt and every step it caused), in every mode: what turn
+    counts (refine's measured outcome, autonomous limits) read. Not part of the context."""
+
+    reason: str  # TurnOutcome.reason: "completed", "error", "max_steps", ...
+
+
 class BranchSummaryPayload(_Payload):
     """Recorded at a branch point when the leaf moves back (``prime-agent branch --summary``):
     what the abandoned path did, so the model keeps it (docs/tree.md)."""
@@ -179,6 +188,7 @@ EVENT_PAYLOADS: dict[str, type[_Payload]] = {
     "notice": NoticePayload,
     "aborted": AbortedPayload,
     "run_end": RunEndPayload,
+    "turn_end": TurnEndPayload,
     "branch_summary": BranchSummaryPayload,
     "custom": CustomPayload,
     "compaction": CompactionPayload,

@@ -95,6 +95,7 @@ class SessionRecord:
     budget_tokens: int | None = None  # reserved at spawn; None = only ancestors' budgets apply
     forked_from: str | None = None  # fork/clone: the session copied (docs/tree.md)
     forked_at: str | None = None  # ... and its event the copy goes up to
+    refine_enabled: bool = True  # /refine allowed (docs/harness.md); children inherit it
 
 
 SESSION_COLUMNS: tuple[str, ...] = (
@@ -115,6 +116,7 @@ SESSION_COLUMNS: tuple[str, ...] = (
     "budget_tokens",
     "forked_from",
     "forked_at",
+    "refine_enabled",
 )
 _SESSION_SELECT = f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions"
 

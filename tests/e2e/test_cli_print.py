@@ -64,6 +64,7 @@ def test_print_mode_prints_only_the_final_answer(model: FakeModelServer) -> None
         "tool_result",
         "assistant_message",
         "usage",
+        "turn_end",
         "run_end",
     ]
     usage = events[2][1]
@@ -156,7 +157,7 @@ def test_unreachable_endpoint_is_a_user_error() -> None:
     assert "Traceback" not in proc.stderr
     # The failed run is still on record.
     _, events = _events()
-    assert [t for t, _ in events][-2:] == ["error", "run_end"]
+    assert [t for t, _ in events][-3:] == ["error", "turn_end", "run_end"]
 
 
 def test_bad_config_file_is_one_line() -> None:

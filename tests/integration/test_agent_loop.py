@@ -68,8 +68,8 @@ async def test_retries_are_bounded_then_a_typed_error_is_recorded() -> None:
     result, events, srv = await _run("repeat forever:\n    500")
     assert result.outcome.reason == "error"
     assert len(srv.requests) == FAST.model_max_retries + 1
-    assert _types(events)[-2:] == ["error", "run_end"]
-    assert "gave up after 3 attempts" in events[-2][1]["message"]
+    assert _types(events)[-3:] == ["error", "turn_end", "run_end"]
+    assert "gave up after 3 attempts" in events[-3][1]["message"]
 
 
 async def test_malformed_tool_json_becomes_an_error_result_the_model_can_fix() -> None:

@@ -376,3 +376,42 @@ async def test_a_100k_event_session_resumes_reading_only_its_newest_compaction_s
     conversational = [e for e in path.events if e.type in ("user_message", "assistant_message")]
     assert len(messages) == 1 + len(conversational)
     assert messages[-1] == {"role": "assistant", "content": f"answer {HISTORY_EVENTS}"}
+
+
+CHILD_STEPS: Final = 5
+CHILD_SESSION = (
+    "repeat forever:\n"
+    + SUMMARY
+    + '    when "child finished":\n        text: noted\n'
+    + '    when "Do the child steps":\n        code: print("step 1 done " + "x" * 5000)\n'
+    + "".join(step(n) for n in range(2, CHILD_STEPS + 1))
+    + f'    when "step {CHILD_STEPS} done":\n        text: child finished\n'
+    + '    when "spawned kid":\n        text: waiting for kid\n'
+    + '    when "Delegate":\n        code: h = await rlm("Do the child steps", name="kid"); print("spawned", h.name)\n'
+)
+
+
+async def test_a_child_compacts_its_own_context() -> None:
+    """Children compact too (issue 6 bullet 3): a subagent crossing its threshold summarises its
+    own history; its parent's context is untouched."""
+    cfg = settings()
+    async with orchestrator(cfg) as orch:
+        with FakeModelServer(CHILD_SESSION) as srv:
+            live = await orch.create_session(
+                model=fake_model(cfg, srv), cwd=Path.cwd(), name="parent"
+            )
+            outcome = await turn(orch, live, "Delegate the steps to a child.")
+            requests = list(srv.requests)
+        assert outcome.reason == "completed"
+        family = await orch.store.family_sessions(live.id)
+        child = next(s for s in family if s.parent_id == live.id)
+        child_events = await orch.store.events(child.id)
+        parent_events = await orch.store.events(live.id)
+    compactions = [e for e in child_events if e.type == "compaction"]
+    assert compactions and all(c.payload["reason"] == "threshold" for c in compactions)
+    assert not [e for e in parent_events if e.type == "compaction"]
+    # the child kept its task (the turn in flight) through the compaction
+    after = requests[next(i for i, r in enumerate(requests) if is_summary_request(r)) + 1]
+    assert any("Do the child steps" in str(m.get("content")) for m in after["messages"][1:])
+    finished = [e for e in child_events if e.type == "assistant_message"]
+    assert finished[-1].payload["text"] == "child finished"

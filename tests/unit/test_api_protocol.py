@@ -60,6 +60,20 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "clone", "command_id": "17", "session": "s-x"},
     {"type": "import_session", "command_id": "18", "path": "/tmp/x.jsonl", "model": "openai/m"},
     {"type": "compact", "command_id": "19", "session": "s-x", "instructions": "keep paths"},
+    {"type": "set_model", "command_id": "20", "session": "s-x", "model": "openai/m"},
+    {"type": "refine", "command_id": "21", "session": "s-x", "instructions": "less retrying"},
+    {"type": "refine_rollback", "command_id": "22", "id": "r-1"},
+    {"type": "harness_log", "command_id": "23", "session": "s-x", "limit": 5},
+    {"type": "harness_list", "command_id": "24", "kind": "memory"},
+    {
+        "type": "harness_edit",
+        "command_id": "25",
+        "action": "create",
+        "kind": "memory",
+        "scope": "global",
+        "title": "t",
+        "content": "c",
+    },
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -90,6 +104,7 @@ def test_example_commands_cover_the_command_set() -> None:
 def test_mutating_set() -> None:
     expected = {"create_session", "prompt", "abort", "send_message", "shutdown"}
     expected |= {"branch", "fork", "clone", "import_session", "compact"}
+    expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
     assert expected == MUTATING_COMMAND_TYPES
 
 

@@ -1,0 +1,185 @@
+"""The daemon's answers to ``set_model`` and the Continual Harness commands (``refine``,
+``refine_rollback``, ``harness_log``, ``harness_list``, ``harness_edit``; docs/harness.md).
+
+``set_model`` switches a session's model between turns: a ``model_change`` event on its path
+(context assembly applies it from there, docs/tree.md) and the session row's model, which is
+what a later wake resolves. While the session is in a turn it is refused (``busy``): a switch
+in the middle of a turn's steps would make one turn talk to two models.
+
+The harness commands are the user's and the TUI's door to the same store the kernel's
+``rlm.harness`` writes (source ``user`` instead of ``agent``) and to the session's
+``Refiner`` (``orch.refiner``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.protocol import (
+    E_BUSY,
+    E_CONFLICT,
+    E_INVALID_ARGUMENT,
+    E_NOT_FOUND,
+    HarnessEdit,
+    HarnessList,
+    HarnessLog,
+    JsonObject,
+    Refine,
+    RefineRollback,
+    SetModel,
+)
+from orchestrator.errors import HarnessError, UserError
+from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, slugify
+from orchestrator.harness.outcome import outcome_line
+from orchestrator.harness.refine import Refiner
+from orchestrator.models.lite import ensure_litellm
+from orchestrator.models.registry import resolve_model
+from orchestrator.sessions.compaction import change_model
+from orchestrator.sessions.live import LiveSession
+from orchestrator.store import harness as harness_store
+from orchestrator.store import refinements as refinement_store
+from orchestrator.store.db import SessionRecord
+from orchestrator.store.refinements import RefinementRow
+
+if TYPE_CHECKING:
+    from orchestrator.daemon.handler import DaemonControl
+
+__all__ = [
+    "by_record",
+    "harness_edit",
+    "harness_list",
+    "harness_log",
+    "refine",
+    "rollback",
+    "set_model",
+]
+
+USER_REASON: Final = "edited by the user"
+
+
+def _refinement_wire(row: RefinementRow) -> JsonObject:
+    wire = row.to_wire()
+    wire["outcome_line"] = outcome_line(row) if row.outcome is not None else None
+    return wire
+
+
+def _harness_error(exc: HarnessError) -> ApiCommandError:
+    code = {"not_found": E_NOT_FOUND, "conflict": E_CONFLICT}.get(exc.code, E_INVALID_ARGUMENT)
+    return ApiCommandError(code, str(exc))
+
+
+async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel) -> JsonObject:
+    previous = live.model.selector
+    try:
+        await ensure_litellm()
+        model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
+        model = await daemon.endpoint_for(model)
+    except UserError as exc:
+        raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
+    try:
+        await change_model(daemon.store, live, model)
+    except ValueError as exc:
+        raise ApiCommandError(E_BUSY, str(exc)) from None
+    return {"session": live.id, "model": model.selector, "previous": previous}
+
+
+def _refiner(daemon: DaemonControl) -> Refiner:
+    refiner: Refiner | None = getattr(daemon.orch, "refiner", None)
+    if refiner is None:
+        raise ApiCommandError(E_BUSY, "refine is not available in this daemon")
+    return refiner
+
+
+async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> JsonObject:
+    target = daemon.orch.refine_target(live)
+    answer = await _refiner(daemon).request(
+        target, instructions=command.instructions, scope=command.scope, trigger="user"
+    )
+    return {"session": live.id, **answer}
+
+
+async def rollback(daemon: DaemonControl, command: RefineRollback) -> JsonObject:
+    try:
+        row = await _refiner(daemon).rollback(command.id, session_id=None, source="user")
+    except HarnessError as exc:
+        raise _harness_error(exc) from None
+    daemon.orch.harness_changed(row.owner)
+    return _refinement_wire(row)
+
+
+def _owners(rec: SessionRecord | None) -> list[str]:
+    return [GLOBAL_OWNER] if rec is None else [GLOBAL_OWNER, rec.root_id]
+
+
+async def harness_list(
+    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessList
+) -> JsonObject:
+    owners = _owners(rec)
+    entries = await daemon.store.read(
+        lambda con: harness_store.select_entries(con, owners, command.kind)
+    )
+    return {"entries": [e.to_wire() for e in entries]}
+
+
+async def harness_log(
+    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessLog
+) -> JsonObject:
+    owners = None if rec is None else _owners(rec)
+
+    def read(con: Any) -> tuple[list[Any], list[Any]]:
+        versions = harness_store.select_log(con, owners, limit=command.limit)
+        refinements = refinement_store.select_refinements(con, owners=owners, limit=command.limit)
+        return versions, refinements
+
+    versions, refinements = await daemon.store.read(read)
+    return {
+        "versions": [v.to_wire() for v in versions],
+        "refinements": [_refinement_wire(r) for r in refinements],
+    }
+
+
+async def harness_edit(
+    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessEdit
+) -> JsonObject:
+    if command.scope == "local" and rec is None:
+        raise ApiCommandError(E_INVALID_ARGUMENT, "a local entry needs --session")
+    owner = GLOBAL_OWNER if rec is None or command.scope == "global" else rec.root_id
+    try:
+        entry_id = command.id or slugify(command.title or "")
+        write = EntryWrite(
+            kind=command.kind, id=entry_id, title=command.title, content=command.content
+        )
+        entry = await daemon.store.transaction(
+            lambda con: harness_store.write_entry(
+                con,
+                owner=owner,
+                action=command.action,
+                write=write,
+                expected_version=command.version,
+                source="user",
+                reason=command.reason or USER_REASON,
+                session_id=None,
+            )
+        )
+    except HarnessError as exc:
+        raise _harness_error(exc) from None
+    changed = getattr(daemon.orch, "harness_changed", None)
+    if changed is not None:
+        changed(owner)
+    return {"entry": entry.to_wire()}
+
+
+async def by_record(
+    daemon: DaemonControl,
+    rec: SessionRecord | None,
+    command: HarnessLog | HarnessList | HarnessEdit,
+) -> JsonObject:
+    """The commands that name a session only to find its tree (or none: global)."""
+    match command:
+        case HarnessLog():
+            return await harness_log(daemon, rec, command)
+        case HarnessList():
+            return await harness_list(daemon, rec, command)
+        case HarnessEdit():
+            return await harness_edit(daemon, rec, command)

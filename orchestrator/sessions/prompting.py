@@ -1,0 +1,113 @@
+"""Each session's system prompt: base | Continual Harness | skills | environment facts.
+
+The loop asks for its prompt at the start of every turn (``AgentLoop.refresh_prompt``), so a
+harness write, a refinement or a model switch shows from the next turn on and never changes a
+turn's prompt in the middle of it. Rebuilding costs one small query only after a change: the
+builder keeps a generation number per harness owner (bumped by ``changed``) and reuses the
+last prompt of a session while the generations it was built from, its model and its skills
+are the same. The base text comes first and never changes (``agent/prompts.py``), so the
+provider's prompt cache for it survives any harness write (docs/harness.md).
+
+Skills are discovered once per working directory (``harness/skills.py``); a session started
+after a new skill was installed sees it, a running one keeps its list (its sandbox's import
+path was fixed at start).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+
+from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
+from orchestrator.harness.entries import GLOBAL_OWNER, HarnessEntry
+from orchestrator.harness.prompt_section import ENTRIES_PER_KIND, harness_section
+from orchestrator.harness.skills import SkillDiscovery, discover_skills, skills_prompt_section
+from orchestrator.paths import Paths
+from orchestrator.sessions.live import LiveSession
+from orchestrator.settings import Settings
+from orchestrator.store import harness as harness_store
+from orchestrator.store.db import Store
+
+__all__ = ["SECTION_SEPARATOR", "PromptBuilder"]
+
+log = logging.getLogger(__name__)
+
+SECTION_SEPARATOR: Final = "\n"
+
+
+@dataclass(frozen=True)
+class _Built:
+    key: tuple[Any, ...]
+    prompt: str
+
+
+def _read_harness(
+    con: duckdb.DuckDBPyConnection, owners: Sequence[str]
+) -> tuple[list[HarnessEntry], dict[str, int]]:
+    entries = harness_store.select_entries(con, owners, limit_per_kind=ENTRIES_PER_KIND)
+    return entries, harness_store.count_entries(con, owners)
+
+
+class PromptBuilder:
+    def __init__(self, store: Store, paths: Paths, settings: Settings):
+        self.store = store
+        self.paths = paths
+        self.settings = settings
+        self._generation: defaultdict[str, int] = defaultdict(int)
+        self._built: dict[str, _Built] = {}
+        self._skills: dict[str, SkillDiscovery] = {}
+
+    def changed(self, owner: str) -> None:
+        """A harness entry of ``owner`` (a root session id, or "global") changed."""
+        self._generation[owner] += 1
+
+    def forget(self, session_id: str) -> None:
+        self._built.pop(session_id, None)
+
+    def skills(self, cwd: str) -> SkillDiscovery:
+        """The skills a session in ``cwd`` sees (discovered once per directory)."""
+        found = self._skills.get(cwd)
+        if found is None:
+            if self.settings.harness.skills:
+                found = discover_skills(Path(cwd), paths=self.paths)
+                for warning in found.warnings:
+                    log.warning("skills: %s", warning)
+            else:
+                found = SkillDiscovery(skills=(), warnings=())
+            self._skills[cwd] = found
+        return found
+
+    def skill_dirs(self, cwd: str) -> tuple[Path, ...]:
+        """Directories of the Python-backed skills to put on a sandbox's import path."""
+        return self.skills(cwd).python_dirs()
+
+    async def build(self, live: LiveSession) -> str:
+        rec = live.record
+        owners = (GLOBAL_OWNER, rec.root_id)
+        key = (
+            tuple(self._generation[o] for o in owners),
+            live.model.selector,
+            live.model.tool_protocol,
+            rec.cwd,
+            rec.backend,
+        )
+        built = self._built.get(live.id)
+        if built is not None and built.key == key:
+            return built.prompt
+        entries, totals = await self.store.read(lambda con: _read_harness(con, owners))
+        skills = skills_prompt_section(self.skills(rec.cwd).skills)
+        prompt = build_system_prompt(
+            EnvironmentFacts(cwd=rec.cwd, model=live.model.selector, backend=rec.backend),
+            tool_protocol=live.model.tool_protocol,
+            harness_section=SECTION_SEPARATOR.join(
+                part for part in (harness_section(entries, totals), skills) if part
+            ),
+        )
+        self._built[live.id] = _Built(key, prompt)
+        return prompt

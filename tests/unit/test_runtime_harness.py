@@ -1,0 +1,511 @@
+"""The kernel's ``rlm.harness`` and ``refine`` without NATS, and their host handlers on a real
+store without kernels.
+
+Kernel side: argument checks before any request, id slugs and scope prefixes, the exact wire
+args, reply decoding, the ``conflict`` error class, skills loaded from a module on ``sys.path``.
+Host side: ``HarnessService`` against a real DuckDB store (the caller's tree owns its local
+entries, stale versions are refused, answers are bounded, refine without a refiner)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from orchestrator.bus.router import HostRequestError
+from orchestrator.harness import entries as host_entries
+from orchestrator.harness import service as service_module
+from orchestrator.harness.service import HarnessService
+from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES
+from orchestrator.runtime import harness as kernel_harness
+from orchestrator.runtime.errors import (
+    ERROR_CLASSES,
+    Conflict,
+    InternalHostError,
+    InvalidArgument,
+    error_from_reply,
+)
+from orchestrator.runtime.harness import Harness, HarnessEntries, HarnessEntry, slugify
+from orchestrator.runtime.refine import Refine, Refinement, RefineRequest
+from orchestrator.runtime.rlm import Rlm
+from orchestrator.store import harness as harness_store
+from orchestrator.store.db import Store
+from tests.unit.test_runtime_api import RecordingClient
+
+
+def wire_entry(**changes: Any) -> dict[str, Any]:
+    entry = {
+        "owner": "s-root",
+        "scope": "local",
+        "kind": "memory",
+        "id": "deploy_notes",
+        "version": 2,
+        "title": "Deploy notes",
+        "content": "use make release",
+        "path": "general",
+        "reference": {},
+        "arguments": {},
+        "metadata": {"k": 1},
+        "deleted": False,
+        "source": "agent",
+        "reason": "learned",
+        "session_id": "s-root",
+        "refinement_id": None,
+        "created_at": "2025-01-01T00:00:00+00:00",
+        "updated_at": "2025-01-02T00:00:00+00:00",
+    }
+    entry.update(changes)
+    return entry
+
+
+# --- the kernel's copy of the host's rules ------------------------------------------------------
+
+
+def test_mirrored_constants_equal_the_host_entry_model() -> None:
+    for name in (
+        "KINDS",
+        "SCOPES",
+        "BASE_PROMPT_ID",
+        "ENTRY_ID_MAX_CHARS",
+        "TITLE_MAX_CHARS",
+        "CONTENT_MAX_CHARS",
+        "PATH_MAX_CHARS",
+        "REASON_MAX_CHARS",
+        "JSON_FIELD_MAX_BYTES",
+        "SKILL_REFERENCE_TYPE",
+        "SKILL_REFERENCE_KEYS",
+    ):
+        assert getattr(kernel_harness, name) == getattr(host_entries, name), name
+
+
+@pytest.mark.parametrize(
+    "title",
+    ["Deploy notes", "  Ünïcode — tést!! ", "a" * 120, "x_" * 60, "CamelCase2Go", "--x--"],
+)
+def test_the_kernel_slug_is_the_hosts(title: str) -> None:
+    assert slugify(title) == host_entries.slugify(title)
+
+
+def test_conflict_is_the_runtime_class_for_code_conflict() -> None:
+    assert ERROR_CLASSES["conflict"] is Conflict
+    error = error_from_reply({"code": "conflict", "message": "changed: expected version 1"})
+    assert isinstance(error, Conflict) and error.code == "conflict"
+
+
+def test_refine_is_a_lazy_runtime_name_and_rlm_harness_shares_the_client() -> None:
+    assert "refine" in RUNTIME_NAMES and LAZY_HELPERS["refine"][1] == "refine"
+    client = RecordingClient()
+    harness = Rlm(client).harness
+    assert isinstance(harness, Harness) and harness._client() is client
+    assert "create_<kind>" in repr(harness) and "refine.run" in repr(Refine(client))
+
+
+# --- writes -------------------------------------------------------------------------------------
+
+
+async def test_create_slugs_the_title_and_defaults_to_local() -> None:
+    client = RecordingClient({"harness.create": wire_entry(version=1)})
+    entry = await Harness(client).create_memory("Deploy notes", "use make deploy", reason="r")
+    assert client.requests[0][:2] == (
+        "harness.create",
+        {
+            "kind": "memory",
+            "title": "Deploy notes",
+            "content": "use make deploy",
+            "id": "deploy_notes",
+            "scope": "local",
+            "reason": "r",
+        },
+    )
+    assert entry.version == 1 and entry.qualified_id == "local:deploy_notes"
+    assert entry.metadata == {"k": 1} and entry.created_at == "2025-01-01T00:00:00+00:00"
+
+
+async def test_scope_prefixes_route_the_call() -> None:
+    client = RecordingClient(
+        {name: wire_entry(scope="global") for name in ("harness.create", "harness.update")}
+    )
+    harness = Harness(client)
+    await harness.create_prompt("Style", "tabs", id="global:team_style")
+    await harness.update_prompt("global:team_style", content="spaces", version=3)
+    await harness.create("subagent", "Reviewer", "reads diffs", scope="global")
+    assert [args for _, args, _ in client.requests] == [
+        {
+            "kind": "prompt",
+            "title": "Style",
+            "content": "tabs",
+            "id": "team_style",
+            "scope": "global",
+        },
+        {
+            "kind": "prompt",
+            "id": "team_style",
+            "scope": "global",
+            "content": "spaces",
+            "version": 3,
+        },
+        {
+            "kind": "subagent",
+            "title": "Reviewer",
+            "content": "reads diffs",
+            "id": "reviewer",
+            "scope": "global",
+        },
+    ]
+
+
+async def test_an_entry_names_its_own_target() -> None:
+    client = RecordingClient({"harness.delete": wire_entry(deleted=True, version=3)})
+    read = HarnessEntry.from_wire(wire_entry(scope="global"), "harness.get")
+    tombstone = await Harness(client).delete_memory(read, version=read.version, reason="stale")
+    assert client.requests[0][1] == {
+        "kind": "memory",
+        "id": "deploy_notes",
+        "scope": "global",
+        "version": 2,
+        "reason": "stale",
+    }
+    assert tombstone.deleted and "deleted" in repr(tombstone)
+
+
+async def test_skills_need_a_python_reference_and_an_argument_contract() -> None:
+    reference = {"type": "python", "import": "tools.files", "callable": "read_head"}
+    client = RecordingClient({"harness.create": wire_entry(kind="skill", reference=reference)})
+    await Harness(client).create_skill(
+        "Read head", "first lines of a file", reference=reference, arguments={"path": "a file"}
+    )
+    sent = client.requests[0][1]
+    assert sent["reference"] == reference and sent["arguments"] == {"path": "a file"}
+
+
+async def test_a_stale_version_raises_conflict() -> None:
+    stale = error_from_reply({"code": "conflict", "message": "expected version 1, store has 2"})
+    client = RecordingClient({"harness.update": stale})
+    with pytest.raises(Conflict, match="expected version 1"):
+        await Harness(client).update_memory("deploy_notes", content="x", version=1)
+
+
+GOOD_REF = {"type": "python", "import": "m", "callable": "f"}
+
+
+@pytest.mark.parametrize(
+    ("call", "exc"),
+    [
+        (lambda h: h.create("fact", "t", "c"), InvalidArgument),
+        (lambda h: h.create_memory("!!!", "c"), InvalidArgument),  # no slug
+        (lambda h: h.create_memory("t", "   "), InvalidArgument),
+        (lambda h: h.create_memory("t" * 201, "c"), InvalidArgument),
+        (lambda h: h.create_memory("t", "c" * 16_001), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", id="Bad-Id"), InvalidArgument),
+        (lambda h: h.create_prompt("t", "c", id="base_system_prompt"), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", id="global:x", scope="local"), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", scope="team"), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", reference=GOOD_REF), TypeError),
+        (lambda h: h.create_memory("t", "c", metadata={"x": object()}), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", metadata=[1]), TypeError),
+        (lambda h: h.create_memory("t", "c", colour="red"), TypeError),
+        (lambda h: h.create_memory("t", "c", reason="r" * 1001), InvalidArgument),
+        (lambda h: h.create_memory("t", "c", path="a\nb"), InvalidArgument),
+        (lambda h: h.create_skill("t", "c", reference=GOOD_REF, arguments={}), InvalidArgument),
+        (
+            lambda h: h.create_skill(
+                "t", "c", reference={**GOOD_REF, "type": "js"}, arguments={"a": "x"}
+            ),
+            InvalidArgument,
+        ),
+        (
+            lambda h: h.create_skill(
+                "t", "c", reference={**GOOD_REF, "callable": "a.b"}, arguments={"a": "x"}
+            ),
+            InvalidArgument,
+        ),
+        (
+            lambda h: h.create_skill("t", "c", reference=GOOD_REF, arguments={"not valid": "x"}),
+            InvalidArgument,
+        ),
+        (lambda h: h.update_memory("x"), InvalidArgument),  # nothing to update
+        (lambda h: h.update_memory("x", content="c", version=0), InvalidArgument),
+        (lambda h: h.update_memory("x", content="c", version=True), TypeError),
+        (lambda h: h.update_memory(7, content="c"), TypeError),
+        (lambda h: h.delete_memory("x", version="2"), TypeError),
+        (lambda h: h.list(kind="memories"), InvalidArgument),
+        (lambda h: h.get("memory", "local:"), InvalidArgument),
+        (lambda h: h.history("memory", "x", scope="here"), InvalidArgument),
+    ],
+)
+def test_arguments_are_checked_before_any_request(call: Any, exc: type) -> None:
+    client = RecordingClient()
+    with pytest.raises(exc):
+        call(Harness(client))
+    assert client.requests == []
+
+
+# --- reads --------------------------------------------------------------------------------------
+
+
+async def test_list_get_and_history_decode_entries() -> None:
+    client = RecordingClient(
+        {
+            "harness.list": {"entries": [wire_entry(), wire_entry(id="b", scope="global")]},
+            "harness.get": wire_entry(),
+            "harness.history": {"entries": [wire_entry(version=1), wire_entry()], "more": True},
+        }
+    )
+    harness = Harness(client)
+    listed = await harness.list()
+    assert isinstance(listed, HarnessEntries) and listed.more is False
+    assert [e.qualified_id for e in listed] == ["local:deploy_notes", "global:b"]
+    assert "HarnessEntry(memory local:deploy_notes v2 'Deploy notes'" in repr(listed)
+    got = await harness.get("memory", "global:deploy_notes")
+    assert got.content == "use make release"
+    assert str(got).endswith("\nuse make release") and "learned" in str(got)
+    versions = await harness.history("memory", "deploy_notes")
+    assert [v.version for v in versions] == [1, 2] and versions.more
+    await harness.list("skill", scope="global")
+    assert [(t, a) for t, a, _ in client.requests] == [
+        ("harness.list", {}),
+        ("harness.get", {"kind": "memory", "id": "deploy_notes", "scope": "global"}),
+        ("harness.history", {"kind": "memory", "id": "deploy_notes"}),
+        ("harness.list", {"kind": "skill", "scope": "global"}),
+    ]
+    assert hash(got) == hash(HarnessEntry.from_wire(wire_entry(), "x"))
+
+
+@pytest.mark.parametrize("bad", [wire_entry(version=None), wire_entry(title=None), [1], "x"])
+async def test_a_malformed_entry_is_an_internal_error(bad: Any) -> None:
+    with pytest.raises(InternalHostError):
+        await Harness(RecordingClient({"harness.get": bad})).get("memory", "x")
+
+
+# --- skills -------------------------------------------------------------------------------------
+
+SKILL_MODULE = """
+import asyncio
+
+def head(text, n=1):
+    return text.splitlines()[:n]
+
+async def shout(word):
+    await asyncio.sleep(0)
+    return word.upper()
+
+NOT_CALLABLE = 3
+"""
+
+
+@pytest.fixture
+def skill_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"harness_skill_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(SKILL_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
+def skill_client(module: str, callable_name: str) -> RecordingClient:
+    reference = {"type": "python", "import": module, "callable": callable_name}
+    entry = wire_entry(kind="skill", id="s", reference=reference, arguments={"text": "t"})
+    return RecordingClient({"harness.get": entry})
+
+
+async def test_load_skill_and_call_skill_sync_and_async(skill_module: str) -> None:
+    client = skill_client(skill_module, "head")
+    head = await Harness(client).load_skill("s")
+    assert head("a\nb\nc", n=2) == ["a", "b"]
+    assert await Harness(client).call_skill("s", text="x\ny") == ["x"]
+    assert client.requests[0][:2] == ("harness.get", {"kind": "skill", "id": "s"})
+    shout = skill_client(skill_module, "shout")
+    assert await Harness(shout).call_skill("global:s", word="hi") == "HI"
+    assert shout.requests[0][1] == {"kind": "skill", "id": "s", "scope": "global"}
+
+
+async def test_a_broken_skill_reference_names_the_skill(skill_module: str) -> None:
+    with pytest.raises(ImportError, match="skill local:s: cannot import"):
+        await Harness(skill_client(skill_module + "_missing", "head")).load_skill("s")
+    with pytest.raises(AttributeError, match="has no 'nothing'"):
+        await Harness(skill_client(skill_module, "nothing")).load_skill("s")
+    with pytest.raises(TypeError, match="not a callable"):
+        await Harness(skill_client(skill_module, "NOT_CALLABLE")).load_skill("s")
+
+
+# --- refine -------------------------------------------------------------------------------------
+
+
+async def test_refine_run_status_and_rollback() -> None:
+    client = RecordingClient(
+        {
+            "refine.run": {"scheduled": True, "id": "r-1"},
+            "refine.status": {"pending": ["r-1"], "in_flight": None, "last": {"id": "r-0"}},
+            "refine.rollback": {
+                "id": "r-2",
+                "status": "applied",
+                "scope": "local",
+                "rollback_of": "r-1",
+                "edits": [{"action": "update", "kind": "memory", "id": "a", "applied": True}],
+                "trigger": "rollback",
+            },
+        }
+    )
+    refine = Refine(client)
+    assert await refine.run("  look at the failing tests ") == RefineRequest(True, "r-1")
+    status = await refine.status()
+    assert status.pending == ["r-1"] and status.in_flight is None and status.last == {"id": "r-0"}
+    done = await refine.rollback("r-1")
+    assert isinstance(done, Refinement) and done.rollback_of == "r-1"
+    assert done.edits[0]["applied"] and done.record["trigger"] == "rollback"
+    assert [(t, a) for t, a, _ in client.requests] == [
+        ("refine.run", {"scope": "local", "instructions": "look at the failing tests"}),
+        ("refine.status", {}),
+        ("refine.rollback", {"id": "r-1"}),
+    ]
+    with pytest.raises(InvalidArgument):
+        refine.run(scope="everywhere")
+    with pytest.raises(InvalidArgument):
+        refine.run("x" * 4001)
+    with pytest.raises(TypeError):
+        refine.rollback(5)  # type: ignore[arg-type]
+
+
+# --- the host handlers on a real store ----------------------------------------------------------
+
+
+@dataclass
+class FakeRecord:
+    root_id: str
+
+
+@dataclass
+class FakeLive:
+    id: str
+    record: FakeRecord
+    state: str = "idle"
+
+
+@dataclass
+class StandInOrchestrator:
+    """What the handlers use of an ``Orchestrator``: its sessions, its store, and the
+    ``harness_changed`` hook (recorded)."""
+
+    store: Store
+    sessions: dict[str, FakeLive] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+
+    def add(self, session_id: str, root_id: str) -> None:
+        self.sessions[session_id] = FakeLive(session_id, FakeRecord(root_id))
+
+    def harness_changed(self, owner: str) -> None:
+        self.changed.append(owner)
+
+
+@pytest_asyncio.fixture
+async def orch(tmp_path: Path) -> AsyncIterator[StandInOrchestrator]:
+    store = await Store.open(tmp_path / "store.duckdb")
+    stand_in = StandInOrchestrator(store)
+    stand_in.add("s-root", "s-root")
+    stand_in.add("s-child", "s-root")
+    stand_in.add("s-other", "s-other")
+    try:
+        yield stand_in
+    finally:
+        await store.close()
+
+
+def handlers(orch: StandInOrchestrator) -> dict[str, Any]:
+    return HarnessService(orch).handlers()  # type: ignore[arg-type]
+
+
+async def test_local_entries_belong_to_the_callers_tree(orch: StandInOrchestrator) -> None:
+    h = handlers(orch)
+    made = await h["harness.create"](
+        "s-child", {"kind": "memory", "title": "Deploy notes", "content": "make deploy"}
+    )
+    assert (made["owner"], made["id"], made["version"]) == ("s-root", "deploy_notes", 1)
+    assert made["session_id"] == "s-child" and made["source"] == "agent"
+    got = await h["harness.get"]("s-root", {"kind": "memory", "id": "deploy_notes"})
+    assert got["content"] == "make deploy"
+    with pytest.raises(HostRequestError) as missing:
+        await h["harness.get"]("s-other", {"kind": "memory", "id": "deploy_notes"})
+    assert missing.value.code == "not_found"
+    await h["harness.create"](
+        "s-other", {"kind": "memory", "title": "Style", "content": "tabs", "scope": "global"}
+    )
+    seen = await h["harness.list"]("s-root", {})
+    assert [(e["scope"], e["id"]) for e in seen["entries"]] == [
+        ("local", "deploy_notes"),
+        ("global", "style"),
+    ]
+    assert seen["more"] is False
+    assert orch.changed == ["s-root", "global"]
+
+
+async def test_a_stale_version_is_refused_and_nothing_changes(orch: StandInOrchestrator) -> None:
+    h = handlers(orch)
+    target = {"kind": "memory", "id": "m"}
+    await h["harness.create"]("s-root", {**target, "title": "M", "content": "one"})
+    await h["harness.update"]("s-root", {**target, "content": "two", "version": 1})
+    with pytest.raises(HostRequestError) as stale:
+        await h["harness.update"]("s-root", {**target, "content": "three", "version": 1})
+    assert stale.value.code == "conflict"
+    history = await h["harness.history"]("s-root", target)
+    assert [(v["version"], v["content"]) for v in history["entries"]] == [(1, "one"), (2, "two")]
+    deleted = await h["harness.delete"]("s-root", {**target, "version": 2, "reason": "done"})
+    assert deleted["deleted"] is True and deleted["reason"] == "done"
+    with pytest.raises(HostRequestError) as gone:
+        await h["harness.update"]("s-root", {**target, "content": "four"})
+    assert gone.value.code == "not_found"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"kind": "memory", "title": "T", "content": "c", "owner": "s-other"},  # no identity field
+        {"kind": "fact", "title": "T", "content": "c"},
+        {"kind": "memory", "title": "T", "content": 5},
+        {"kind": "memory", "title": "T", "content": "c", "id": "base_system_prompt"},
+        {"kind": "memory", "title": "T", "content": "c", "id": "global:x", "scope": "local"},
+        {"kind": "skill", "title": "T", "content": "c"},  # no reference / arguments
+        {"kind": "memory", "title": "T", "content": "c" * 16_001},
+    ],
+)
+async def test_bad_writes_are_invalid_arguments(orch: StandInOrchestrator, args: Any) -> None:
+    with pytest.raises(HostRequestError) as refused:
+        await handlers(orch)["harness.create"]("s-root", args)
+    assert refused.value.code == "invalid_argument"
+    assert await orch.store.read(lambda con: harness_store.select_log(con, None, limit=10)) == []
+
+
+async def test_answers_are_bounded(
+    orch: StandInOrchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service_module, "HARNESS_LIST_MAX_PER_KIND", 2)
+    monkeypatch.setattr(service_module, "HARNESS_HISTORY_MAX_VERSIONS", 3)
+    h = handlers(orch)
+    for n in range(3):
+        await h["harness.create"]("s-root", {"kind": "memory", "title": f"M{n}", "content": "c"})
+    listed = await h["harness.list"]("s-root", {"kind": "memory"})
+    assert [e["id"] for e in listed["entries"]] == ["m2", "m1"] and listed["more"] is True
+    for n in range(4):
+        await h["harness.update"]("s-root", {"kind": "memory", "id": "m0", "content": f"v{n}"})
+    history = await h["harness.history"]("s-root", {"kind": "memory", "id": "m0"})
+    assert [v["version"] for v in history["entries"]] == [3, 4, 5] and history["more"] is True
+    monkeypatch.setattr(service_module, "HARNESS_REPLY_MAX_BYTES", 10)
+    one = await h["harness.list"]("s-root", {"kind": "memory"})
+    assert len(one["entries"]) == 1 and one["more"] is True
+    assert len(json.dumps(one)) < 10_000
+
+
+async def test_refine_without_a_refiner_is_an_unknown_request(orch: StandInOrchestrator) -> None:
+    h = handlers(orch)
+    for name, args in (("refine.run", {}), ("refine.status", {}), ("refine.rollback", {"id": "r"})):
+        with pytest.raises(HostRequestError) as refused:
+            await h[name]("s-root", args)
+        assert refused.value.code == "unknown_request"
+    with pytest.raises(HostRequestError) as unknown:
+        await h["harness.list"]("s-nobody", {})
+    assert unknown.value.code == "not_found"
