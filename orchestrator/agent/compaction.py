@@ -69,6 +69,7 @@ Reason = Literal["threshold", "overflow", "manual", "requested"]
 FailReason = Literal["nothing_to_compact", "summary_failed", "no_progress"]
 # Reasons that must shrink the context (else the next call fails or compaction would loop).
 FORCED: Final = frozenset({"threshold", "overflow"})
+USAGE_PURPOSE: Final = "compaction"  # UsagePayload.purpose of the summary call
 
 # What the summary call sees of each message: tool results and long texts are cut.
 SUMMARY_TOOL_RESULT_MAX_CHARS: Final = 2000
@@ -430,6 +431,7 @@ class Compactor:
             reply = await self._complete(request)
         except ModelError as exc:
             raise CompactionFailed("summary_failed", f"the summary call failed: {exc}") from exc
+        reply.usage.purpose = USAGE_PURPOSE
         await self._record("usage", reply.usage)
         summary = reply.text.strip()
         if not summary:

@@ -218,6 +218,7 @@ class CreateSession(_Command):
     api_base: str | None = Field(default=None, max_length=MAX_API_BASE_CHARS)
     backend: str | None = None
     name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    refine: bool | None = None  # False: this session may not /refine (default: the config's)
 
 
 class Prompt(_Command):

@@ -130,6 +130,10 @@ def run(
             "sandbox.image in config.toml, session.",
         ),
     ] = None,
+    no_refine: Annotated[
+        bool,
+        typer.Option("--no-refine", help="This session may not /refine its harness."),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
@@ -164,6 +168,7 @@ def run(
             nats_url,
             workspace.value if workspace is not None else None,
             image,
+            no_refine,
         ),
         debug=debug,
     )
@@ -191,6 +196,7 @@ def _through_daemon(
                 backend=backend,
                 json_mode=mode is Mode.json,
                 wait_timeout_s=settings.family_wait_timeout_s,
+                refine=None if settings.harness.refine_enabled else False,
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -211,6 +217,7 @@ def _run(
     nats_url: str | None = None,
     workspace: str | None = None,
     image: str | None = None,
+    no_refine: bool = False,
 ) -> int:
     from orchestrator.cli.daemon import daemon_info
     from orchestrator.models.lite import preload_in_background
@@ -223,6 +230,10 @@ def _run(
     configured_nats_url = settings.nats.url
     if nats_url is not None:
         settings = settings.with_overrides(nats=settings.nats.model_copy(update={"url": nats_url}))
+    if no_refine:
+        settings = settings.with_overrides(
+            harness=settings.harness.model_copy(update={"refine_enabled": False})
+        )
     sandbox_options = {"workspace": workspace, "image": image}
     sandbox_options = {k: v for k, v in sandbox_options.items() if v is not None}
     if sandbox_options:

@@ -50,6 +50,7 @@ async def run_via_daemon(
     backend: str,
     json_mode: bool,
     wait_timeout_s: float,
+    refine: bool | None = None,
 ) -> int:
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
@@ -64,6 +65,7 @@ async def run_via_daemon(
                     model=model,
                     api_base=api_base,
                     backend=None if backend == "auto" else backend,
+                    refine=refine,
                 ),
                 timeout=CREATE_TIMEOUT_S,
             )

@@ -460,6 +460,10 @@ class DaemonHandler(CommandHandler):
             budget=daemon.settings.session_token_budget,
             backend=choice.name,
         )
+        if command.refine is not None and command.refine != live.record.refine_enabled:
+            live.record = await daemon.store.update_session(
+                live.id, refine_enabled=command.refine
+            )
         status = None
         if task:
             status = daemon.orch.submit(live, Inbound(UserMessagePayload(text=command.task or "")))

@@ -12,8 +12,9 @@ refinement row, and later refinements' planners read it in their history.
 
 A turn is the span of events after the previous ``turn_end`` up to and including its own, so
 the windows are ``seq`` ranges and each is read with one aggregate query over the events of
-that range: nothing loads a session's events to count them. Events between turns (a
-refinement's own planning call, notices) fall into the turn that follows them.
+that range: nothing loads a session's events to count them. Events between turns (notices)
+fall into the turn that follows them; a refinement's own planning call (a ``usage`` event
+with ``purpose`` "refine") is left out of tokens and cost: it is not the agent's work.
 """
 
 from __future__ import annotations
@@ -58,13 +59,16 @@ SELECT
     count(*) FILTER (WHERE type = 'retry'),
     coalesce(sum(coalesce(CAST(payload->>'$.input' AS BIGINT), 0)
                  + coalesce(CAST(payload->>'$.output' AS BIGINT), 0))
-             FILTER (WHERE type = 'usage'), 0),
-    sum(CAST(payload->>'$.cost_usd' AS DOUBLE)) FILTER (WHERE type = 'usage'),
-    count(*) FILTER (WHERE type = 'usage' AND payload->>'$.cost_usd' IS NULL),
+             FILTER (WHERE type = 'usage' AND NOT refining), 0),
+    sum(CAST(payload->>'$.cost_usd' AS DOUBLE)) FILTER (WHERE type = 'usage' AND NOT refining),
+    count(*) FILTER (WHERE type = 'usage' AND NOT refining AND payload->>'$.cost_usd' IS NULL),
     count(*) FILTER (WHERE type = 'custom' AND payload->>'$.entry_type' = 'gate_result'),
     count(*) FILTER (WHERE type = 'custom' AND payload->>'$.entry_type' = 'gate_result'
         AND coalesce(CAST(payload->>'$.fields.passed' AS BOOLEAN), FALSE))
-FROM events WHERE session_id = $1 AND seq > $2 AND seq <= $3
+FROM (
+    SELECT type, payload, coalesce(payload->>'$.purpose', '') = 'refine' AS refining
+    FROM events WHERE session_id = $1 AND seq > $2 AND seq <= $3
+)
 """
 _DUE = """
 SELECT id FROM refinements
@@ -206,7 +210,7 @@ def outcome_line(row: RefinementRow) -> str:
     if before.get("gates_total") or after.get("gates_total"):
         parts.append(f"gates passed {_gates(before)}→{_gates(after)}")
     turns = outcome.get("turns_after", outcome.get("turns"))
-    line = ", ".join(parts) + f" over {turns} turns"
+    line = ", ".join(parts) + f" over {turns} turn{'' if turns == 1 else 's'}"
     turns_before = outcome.get("turns_before")
     if turns_before is not None and turns_before != turns:
         line += f" ({turns_before} before)"

@@ -98,6 +98,8 @@ from orchestrator.store.refinements import (
     update_refinement,
 )
 
+USAGE_PURPOSE: Final = "refine"
+
 __all__ = [
     "CHANGED_DURING_PLANNING",
     "CONVERSATION_EVENTS_MAX",
@@ -583,6 +585,7 @@ class Refiner:
             reply = await target.complete(messages)
         except ModelError as exc:
             raise PlanFailed("model_failed", f"the planning call failed: {exc}") from exc
+        reply.usage.purpose = USAGE_PURPOSE  # kept out of the measured outcome's windows
         await target.record("usage", reply.usage)
         plan = parse_plan(reply.text, finish_reason=reply.finish_reason)
         return await self._store.transaction(lambda con: _store_plan(con, row, plan))

@@ -78,6 +78,8 @@ class UsagePayload(_Payload):
     cache_write: int = 0
     cost_usd: float | None = None  # None = price unknown (never recorded as 0)
     latency_ms: float = 0.0
+    # What the call was for when it was not the agent's own step: "compaction", "refine".
+    purpose: str | None = None
 
 
 class AssistantMessagePayload(_Payload):

@@ -100,3 +100,62 @@ def test_user_harness_edits_show_in_the_next_prompt_and_the_log(model: FakeModel
     lines = log.stdout.splitlines()
     assert len(lines) == 3 and all("[user]" in line for line in lines), log.stdout
     assert "local:memory:build_tool deleted" in lines[0]
+
+
+PLAN: Final = (
+    '{"summary": "remember the build tool", "rationale": "the user said make", '
+    '"expected_outcome": "no questions about building", "edits": [{"action": "create", '
+    '"kind": "memory", "title": "Build tool", "content": "use make", "reason": "said so"}]}'
+)
+REFINE_SCRIPT: Final = f"""
+repeat forever:
+    when "<current_harness_state>": text: {PLAN}
+    when "first task": text: first done
+    when "second task": text: second done
+    when "third task": text: third done
+"""
+
+
+@pytest.fixture
+def planner(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
+    with FakeModelServer(REFINE_SCRIPT) as srv:
+        write_config(
+            "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
+            f'[models."openai/fake"]\napi_base = "{srv.url}"\n'
+            "[harness]\noutcome_turns = 1\n"
+        )
+        yield srv
+    stop_daemons(os.environ["XDG_RUNTIME_DIR"])
+
+
+def test_refine_from_the_cli_applies_measures_and_rolls_back(planner: FakeModelServer) -> None:
+    first = cli(["-p", "first task", "--model", "openai/fake"])
+    assert first.returncode == 0, first.stderr
+    refined = cli(["refine", "first task", "note the build tool", "--wait"])
+    assert refined.returncode == 0, refined.stderr
+    assert " applied 1 applied, 0 rejected — remember the build tool" in refined.stdout
+    ref_id = refined.stdout.split()[0]
+    listed = json.loads(cli(["harness", "list", "first task", "--json"]).stdout)
+    assert [(e["id"], e["source"], e["content"]) for e in listed] == [
+        ("build_tool", "refine", "use make")
+    ]
+    again = cli(["-p", "third task", "--resume", "first task"])  # one turn after it
+    assert again.returncode == 0, again.stderr
+    assert "Build tool: use make" in _system(planner.requests[-1])
+    undo = cli(["refine", "rollback", ref_id])
+    assert undo.returncode == 0, undo.stderr
+    assert f"(rollback of {ref_id})" in undo.stdout
+    assert json.loads(cli(["harness", "list", "first task", "--json"]).stdout) == []
+    log = cli(["harness", "log", "first task"]).stdout
+    measured = [line for line in log.splitlines() if f"  refine {ref_id} " in line]
+    assert len(measured) == 1, log
+    assert "expected: no questions about building" in measured[0]
+    assert "measured: " in measured[0] and "over 1 turn" in measured[0], measured[0]
+    assert log.count("local:memory:build_tool") == 2  # created, then deleted by the rollback
+    # --no-refine: that session refuses /refine in one line
+    locked = cli(["-p", "second task", "--model", "openai/fake", "--no-refine"])
+    assert locked.returncode == 0, locked.stderr
+    refused = cli(["refine", "second task"])
+    assert refused.returncode == 1
+    assert refused.stdout.strip() == "not refined: refine is disabled for this session"

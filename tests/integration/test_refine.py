@@ -556,14 +556,13 @@ async def test_the_outcome_is_measured_after_n_turns(world: World) -> None:
         "gates_total": None,
         "gates_passed": None,
     }
-    after = outcome["after"]  # the planning call (300 + 50 tokens) ran in turn 2
-    assert (after["turns"], after["errors"], after["retries"], after["tokens"]) == (2, 1, 0, 1450)
-    assert (
-        after["cost_usd"] == pytest.approx(0.001 + PLAN_COST) and after["cost_unknown_calls"] == 1
-    )
-    assert outcome["delta"]["errors"] == -1 and outcome["delta"]["tokens"] == 250
+    # the planning call (300 + 50 tokens, PLAN_COST) ran in turn 2 and is not counted
+    after = outcome["after"]
+    assert (after["turns"], after["errors"], after["retries"], after["tokens"]) == (2, 1, 0, 1100)
+    assert after["cost_usd"] == pytest.approx(0.001) and after["cost_unknown_calls"] == 1
+    assert outcome["delta"]["errors"] == -1 and outcome["delta"]["tokens"] == -100
     assert outcome_line(measured) == (
-        "errors 2→1, retries 1→0, tokens 1.2k→1.4k, cost $0.0020→$0.0014 over 2 turns (1 before)"
+        "errors 2→1, retries 1→0, tokens 1.2k→1.1k, cost $0.0020→$0.0010 over 2 turns (1 before)"
     )
     await world.turn_end()
     assert await world.refiner.at_boundary(world.target) == []  # written once
