@@ -461,9 +461,7 @@ class DaemonHandler(CommandHandler):
             backend=choice.name,
         )
         if command.refine is not None and command.refine != live.record.refine_enabled:
-            live.record = await daemon.store.update_session(
-                live.id, refine_enabled=command.refine
-            )
+            live.record = await daemon.store.update_session(live.id, refine_enabled=command.refine)
         status = None
         if task:
             status = daemon.orch.submit(live, Inbound(UserMessagePayload(text=command.task or "")))
