@@ -6,8 +6,8 @@ was applied (``turn_index`` T: the number of ``turn_end`` events when it was app
 events of turns T+1 … T+N are compared with those of turns T-N+1 … T (fewer when the session
 was younger; the outcome says how many): turns, errors (``error`` events and tool results
 with ``is_error``), model retries, tokens (input + output of ``usage`` events), the sum of
-known costs, and autonomous gates (``custom`` events with ``entry_type`` ``gate_result``,
-``fields.passed``; null while a window has none). It is written once, as JSON on the
+known costs, and autonomous gates (``gate_result`` events and how many ``passed``; null while a
+window has none). It is written once, as JSON on the
 refinement row, and later refinements' planners read it in their history.
 
 A turn is the span of events after the previous ``turn_end`` up to and including its own, so
@@ -62,9 +62,9 @@ SELECT
              FILTER (WHERE type = 'usage' AND NOT refining), 0),
     sum(CAST(payload->>'$.cost_usd' AS DOUBLE)) FILTER (WHERE type = 'usage' AND NOT refining),
     count(*) FILTER (WHERE type = 'usage' AND NOT refining AND payload->>'$.cost_usd' IS NULL),
-    count(*) FILTER (WHERE type = 'custom' AND payload->>'$.entry_type' = 'gate_result'),
-    count(*) FILTER (WHERE type = 'custom' AND payload->>'$.entry_type' = 'gate_result'
-        AND coalesce(CAST(payload->>'$.fields.passed' AS BOOLEAN), FALSE))
+    count(*) FILTER (WHERE type = 'gate_result'),
+    count(*) FILTER (WHERE type = 'gate_result'
+        AND coalesce(CAST(payload->>'$.passed' AS BOOLEAN), FALSE))
 FROM (
     SELECT type, payload, coalesce(payload->>'$.purpose', '') = 'refine' AS refining
     FROM events WHERE session_id = $1 AND seq > $2 AND seq <= $3

@@ -15,15 +15,19 @@ __all__ = [
     "EVENT_PAYLOADS",
     "AbortedPayload",
     "AssistantMessagePayload",
+    "AutonomousStopPayload",
     "BranchSummaryPayload",
     "CompactionPayload",
     "CustomPayload",
     "ErrorPayload",
     "EventType",
+    "GateResultPayload",
+    "GoalUpdatePayload",
     "ModelChangePayload",
     "NoticePayload",
     "RetryPayload",
     "RunEndPayload",
+    "ScheduleTickPayload",
     "ToolCall",
     "ToolResultPayload",
     "TurnEndPayload",
@@ -46,6 +50,10 @@ EventType = Literal[
     "compaction",
     "model_change",
     "turn_end",
+    "gate_result",
+    "autonomous_stop",
+    "goal_update",
+    "schedule_tick",
 ]
 
 
@@ -135,6 +143,54 @@ class TurnEndPayload(_Payload):
     reason: str  # TurnOutcome.reason: "completed", "error", "max_steps", ...
 
 
+class GateResultPayload(_Payload):
+    """One autonomous gate run (docs/control.md): ``skipped`` when it was not re-run because
+    the workspace had not changed since it failed (``passed`` is then False)."""
+
+    command: str
+    passed: bool
+    exit_code: int | None = None  # None: timed out, skipped, or could not start
+    output: str = ""  # bounded (GATE_OUTPUT_MAX_CHARS)
+    duration_ms: float = 0.0
+    attempt: int = 1
+    skipped: bool = False
+    timed_out: bool = False
+    workspace_hash: str | None = None
+
+
+class AutonomousStopPayload(_Payload):
+    """Why an autonomous run stopped: its last event (the CLI maps ``reason`` to its exit
+    code). ``children``: what happened to descendants still working ("drained"/"cancelled")."""
+
+    reason: str  # control/autonomous.py STOP_REASONS
+    detail: str = ""
+    turns: int = 0
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    gates: list[dict[str, Any]] = Field(default_factory=list)
+    children: dict[str, str] = Field(default_factory=dict)  # session id -> drained|cancelled
+
+
+class GoalUpdatePayload(_Payload):
+    """A goal was created or changed state (docs/control.md); a snapshot of the goal row."""
+
+    goal_id: str
+    status: str
+    objective: str
+    token_budget: int | None = None
+    tokens_used: int = 0
+    reason: str | None = None
+
+
+class ScheduleTickPayload(_Payload):
+    """A schedule's tick was delivered to this session (or deferred / interrupted)."""
+
+    schedule_id: str
+    dispatch_id: str
+    status: str  # delivered | deferred | interrupted
+    label: str | None = None
+
+
 class BranchSummaryPayload(_Payload):
     """Recorded at a branch point when the leaf moves back (``prime-agent branch --summary``):
     what the abandoned path did, so the model keeps it (docs/tree.md)."""
@@ -191,6 +247,10 @@ EVENT_PAYLOADS: dict[str, type[_Payload]] = {
     "aborted": AbortedPayload,
     "run_end": RunEndPayload,
     "turn_end": TurnEndPayload,
+    "gate_result": GateResultPayload,
+    "autonomous_stop": AutonomousStopPayload,
+    "goal_update": GoalUpdatePayload,
+    "schedule_tick": ScheduleTickPayload,
     "branch_summary": BranchSummaryPayload,
     "custom": CustomPayload,
     "compaction": CompactionPayload,

@@ -125,7 +125,8 @@ def _types(events: dict[int, dict[str, Any]]) -> list[str]:
 
 
 def _said(text: str) -> Any:
-    """The turn's reply with ``text`` has arrived, and so has its usage row (recorded after)."""
+    """The turn's reply with ``text`` has arrived, and so has its ``turn_end`` (recorded after
+    the reply's usage row: the turn's last event)."""
 
     def done(evs: dict[int, dict[str, Any]]) -> bool:
         said = [
@@ -133,7 +134,7 @@ def _said(text: str) -> Any:
             for k, e in evs.items()
             if e["type"] == "assistant_message" and text in e["payload"]["text"]
         ]
-        return bool(said) and any(e["type"] == "usage" for k, e in evs.items() if k > said[0])
+        return bool(said) and any(e["type"] == "turn_end" for k, e in evs.items() if k > said[0])
 
     return done
 
@@ -162,6 +163,7 @@ async def _conversation(tmp_path: Path, model: FakeModelServer) -> str:
         "tool_result",
         "assistant_message",
         "usage",
+        "turn_end",
     ]
     assert sorted(seen) == list(range(1, len(seen) + 1))  # every cursor, in order, no gap
 
