@@ -145,3 +145,19 @@ class HarnessConflict(HarnessError):
 class ScheduleSpecError(UserError):
     """A schedule or heartbeat spec (``in 10m``, ``every 30s``, ``at <time>``, cron) is invalid;
     the message is one line saying what to write instead (docs/schedules.md)."""
+
+
+class GoalError(UserError):
+    """A goal request was refused (docs/control.md): a goal is already open, there is no goal,
+    the objective or budget is invalid, or the change does not fit the goal's status.
+
+    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
+    """
+
+    code = "invalid_argument"
+
+    def __init__(self, message: str, *, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code

@@ -50,6 +50,7 @@ __all__ = [
     "TREE_PAGE_MAX_NODES",
     "Abort",
     "Attach",
+    "AutonomousSpec",
     "Branch",
     "ClientMessage",
     "Clone",
@@ -64,6 +65,7 @@ __all__ = [
     "Fork",
     "GetSession",
     "GetUsage",
+    "GoalSpec",
     "HarnessEdit",
     "HarnessList",
     "HarnessLog",
@@ -114,6 +116,10 @@ HARNESS_CONTENT_MAX_CHARS = 16_000
 HARNESS_TITLE_MAX_CHARS = 200
 # `harness_log` answers at most this many versions/refinements (newest first).
 HARNESS_LOG_MAX_ROWS = 500
+# Autonomous gates and goals in `create_session` (docs/control.md).
+GATES_MAX = 16
+GATE_MAX_CHARS = 4000
+GOAL_OBJECTIVE_MAX_CHARS = 4000
 
 # Capabilities. A feature used only when both sides list it; the intersection is stored per client.
 CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
@@ -208,6 +214,25 @@ class GetSession(_Command):
     recent: int = Field(default=0, ge=0, le=RECENT_EVENTS_MAX)
 
 
+class AutonomousSpec(_ClientModel):
+    """Autonomous mode for a new session (docs/control.md); None fields: the defaults."""
+
+    gates: list[Annotated[str, StringConstraints(min_length=1, max_length=GATE_MAX_CHARS)]] = Field(
+        default_factory=list, max_length=GATES_MAX
+    )
+    max_turns: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    timeout_ms: int | None = Field(default=None, ge=1)
+    gate_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class GoalSpec(_ClientModel):
+    """A goal for a new session (``--goal``; docs/control.md)."""
+
+    objective: str = Field(min_length=1, max_length=GOAL_OBJECTIVE_MAX_CHARS)
+    token_budget: int | None = Field(default=None, ge=1)
+
+
 class CreateSession(_Command):
     MUTATING: ClassVar[bool] = True
     type: Literal["create_session"] = "create_session"
@@ -219,6 +244,8 @@ class CreateSession(_Command):
     backend: str | None = None
     name: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     refine: bool | None = None  # False: this session may not /refine (default: the config's)
+    autonomous: AutonomousSpec | None = None
+    goal: GoalSpec | None = None
 
 
 class Prompt(_Command):

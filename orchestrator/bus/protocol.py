@@ -90,6 +90,14 @@ REQUEST_TYPES = frozenset(
         "refine.run",
         "refine.status",
         "refine.rollback",
+        # docs/control.md: goals and heartbeats
+        "goal.create",
+        "goal.get",
+        "goal.complete",
+        "rlm_heartbeat.create",
+        "rlm_heartbeat.list",
+        "rlm_heartbeat.update",
+        "rlm_heartbeat.delete",
     }
 )
 

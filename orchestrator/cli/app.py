@@ -20,6 +20,7 @@ from orchestrator.cli import agents as agents_cmd
 from orchestrator.cli import compact as compact_cmd
 from orchestrator.cli import daemon as daemon_cmd
 from orchestrator.cli import doctor as doctor_cmd
+from orchestrator.cli import eval_run as eval_cmd
 from orchestrator.cli import export as export_cmd
 from orchestrator.cli import harness as harness_cmd
 from orchestrator.cli import images as images_cmd
@@ -77,6 +78,7 @@ app.command("refine", help="Refine a session's harness (/refine), or: refine rol
     harness_cmd.refine
 )
 app.add_typer(harness_cmd.harness_app, name="harness")
+app.command("run", help="Run an evaluation config (YAML) and record its result.")(eval_cmd.eval_run)
 app.add_typer(images_cmd.images_app, name="images")
 app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
 
@@ -107,6 +109,7 @@ SUBCOMMANDS = frozenset(
         "model",
         "refine",
         "harness",
+        "run",
     }
 )
 

@@ -16,6 +16,8 @@ __all__ = [
     "EXIT_USAGE",
     "fail",
     "guarded",
+    "report",
+    "stopped_run",
 ]
 
 EXIT_OK = 0
@@ -53,3 +55,17 @@ def guarded(fn: Callable[[], T], *, debug: bool) -> T:
         raise
     except BaseException as exc:
         raise SystemExit(report(exc, debug=debug)) from None
+
+
+def stopped_run(reason: str, detail: str, exit_code: int, final_text: str, json_mode: bool) -> int:
+    """The end of an autonomous or goal run (docs/control.md): a run that stopped well prints
+    its final answer like print mode; any other stop says why on stderr. Returns the exit code
+    the stop reason maps to."""
+    if exit_code == EXIT_OK:
+        if not json_mode:
+            sys.stdout.write(final_text.rstrip("\n") + "\n")
+            sys.stdout.flush()
+        return EXIT_OK
+    shown = f"{reason}: {detail}" if detail else reason
+    print(f"prime-agent: the run stopped: {shown}", file=sys.stderr)
+    return exit_code

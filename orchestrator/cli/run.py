@@ -13,7 +13,16 @@ from typing import Annotated
 
 import typer
 
-from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, fail, guarded, report
+from orchestrator.cli.common import (
+    EXIT_ABORTED,
+    EXIT_ERROR,
+    EXIT_OK,
+    fail,
+    guarded,
+    report,
+    stopped_run,
+)
+from orchestrator.cli.controls import Controls, controls_from_flags
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.errors import UserError
 from orchestrator.paths import Paths
@@ -134,6 +143,34 @@ def run(
         bool,
         typer.Option("--no-refine", help="This session may not /refine its harness."),
     ] = False,
+    autonomous: Annotated[
+        bool,
+        typer.Option("--autonomous", help="Keep the agent working until a gate passes or a limit."),
+    ] = False,
+    gates: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--autonomous-gate",
+            help="Shell command that must exit 0 before the run may finish (repeatable; runs "
+            "in the sandbox, in the workspace).",
+        ),
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option("--autonomous-max-turns", min=1, help="Default 12.")
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option("--autonomous-max-tokens", min=1, help="Default 80000.")
+    ] = None,
+    timeout_ms: Annotated[
+        int | None,
+        typer.Option("--autonomous-timeout-ms", min=1, help="Default 1800000 (30 min)."),
+    ] = None,
+    goal: Annotated[
+        str | None, typer.Option("--goal", help="An objective to keep working toward.")
+    ] = None,
+    goal_budget: Annotated[
+        int | None, typer.Option("--goal-budget", min=1, help="The goal's token budget.")
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
@@ -147,7 +184,13 @@ def run(
             resume, continue_last, text, cwd, mode is Mode.json, model, api_base, no_daemon
         )
         raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
-    if not text:
+    controls = guarded(
+        lambda: controls_from_flags(
+            autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
+        ),
+        debug=debug,
+    )
+    if not text and controls.goal is None:
         if sys.stdin is not None and sys.stdin.isatty() and not print_mode:
             fail('the interactive TUI is not built yet: run prime-agent -p "your task"')
         fail('no task given: prime-agent -p "your task" (or pipe the task on stdin)')
@@ -169,6 +212,7 @@ def run(
             workspace.value if workspace is not None else None,
             image,
             no_refine,
+            controls,
         ),
         debug=debug,
     )
@@ -183,8 +227,11 @@ def _through_daemon(
     backend: str,
     mode: Mode,
     settings: Settings,
+    controls: Controls | None = None,
 ) -> int:
     from orchestrator.cli.via_daemon import run_via_daemon
+
+    controls = controls or Controls()
 
     try:
         return asyncio.run(
@@ -197,6 +244,8 @@ def _through_daemon(
                 json_mode=mode is Mode.json,
                 wait_timeout_s=settings.family_wait_timeout_s,
                 refine=None if settings.harness.refine_enabled else False,
+                autonomous=controls.autonomous,
+                goal=controls.goal,
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -218,6 +267,7 @@ def _run(
     workspace: str | None = None,
     image: str | None = None,
     no_refine: bool = False,
+    controls: Controls | None = None,
 ) -> int:
     from orchestrator.cli.daemon import daemon_info
     from orchestrator.models.lite import preload_in_background
@@ -252,7 +302,7 @@ def _run(
                 "set [nats] url there, or add --no-daemon"
             )
         # A running daemon owns the database: go through it (same output, same exit codes).
-        return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings)
+        return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings, controls)
     # Resolve before starting anything: a bad model or missing key is a one-line error.
     resolved = resolve_model(model_sel, settings, api_base=api_base)
     preload_in_background()
@@ -275,7 +325,14 @@ def _run(
         # SIGTERM stops like Ctrl-C: cancel, record the abort, stop the sandbox.
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
         result = await run_session(
-            RunOptions(task=text, cwd=cwd, backend=backend, network=network),  # type: ignore[arg-type]
+            RunOptions(
+                task=text,
+                cwd=cwd,
+                backend=backend,  # type: ignore[arg-type]
+                network=network,
+                autonomous=controls.policy() if controls is not None else None,
+                goal=controls.goal_pair() if controls is not None else None,
+            ),
             resolved,
             settings,
             paths,
@@ -283,6 +340,11 @@ def _run(
             on_session=header,
         )
         outcome = result.outcome
+        if result.stop is not None:
+            stop = result.stop
+            return stopped_run(
+                stop.reason, stop.detail, stop.exit_code, outcome.final_text, mode is Mode.json
+            )
         if outcome.reason == "completed":
             if mode is Mode.text:
                 sys.stdout.write(outcome.final_text.rstrip("\n") + "\n")

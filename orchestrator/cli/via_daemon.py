@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE
+from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, stopped_run
 from orchestrator.cli.connect import DaemonLink
 from orchestrator.cli.follow import Follower
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
@@ -51,6 +51,8 @@ async def run_via_daemon(
     json_mode: bool,
     wait_timeout_s: float,
     refine: bool | None = None,
+    autonomous: dict[str, Any] | None = None,
+    goal: dict[str, Any] | None = None,
 ) -> int:
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
@@ -66,6 +68,8 @@ async def run_via_daemon(
                     api_base=api_base,
                     backend=None if backend == "auto" else backend,
                     refine=refine,
+                    autonomous=autonomous,
+                    goal=goal,
                 ),
                 timeout=CREATE_TIMEOUT_S,
             )
@@ -171,6 +175,14 @@ async def _run(
     except ApiCommandError as exc:
         print(f"prime-agent: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    if outcome.get("exit_code") is not None:  # an autonomous or goal run stopped
+        return stopped_run(
+            str(outcome.get("stop_reason")),
+            str(outcome.get("stop_detail") or ""),
+            int(outcome["exit_code"]),
+            str(outcome.get("final_text", "")),
+            json_mode,
+        )
     if outcome.get("reason") == "completed":
         if not json_mode:
             sys.stdout.write(str(outcome.get("final_text", "")).rstrip("\n") + "\n")

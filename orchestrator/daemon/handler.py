@@ -26,6 +26,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from pydantic import ValidationError
+
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.journal import JOURNAL_FILE_NAME
 from orchestrator.api.protocol import (
@@ -62,6 +64,7 @@ from orchestrator.api.protocol import (
     WaitQuiet,
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
+from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.daemon import harness_commands, tree_commands
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
@@ -76,6 +79,7 @@ from orchestrator.sessions.manager import (
     Orchestrator,
     SessionNotLoadable,
 )
+from orchestrator.sessions.post_turn import begin_run, first_input
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import RunEndPayload, UserMessagePayload
@@ -176,6 +180,33 @@ def _session_dict(rec: SessionRecord, live: LiveSession | None) -> JsonObject:
         "created_at": rec.created_at.isoformat(),
         "updated_at": rec.updated_at.isoformat(),
     }
+
+
+def _policy(command: CreateSession) -> AutonomousPolicy | None:
+    """The autonomous policy a ``create_session`` asks for, checked before anything exists."""
+    if command.autonomous is None:
+        return None
+    try:
+        return AutonomousPolicy.model_validate(command.autonomous.model_dump(exclude_none=True))
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"]
+        raise ApiCommandError(E_INVALID_ARGUMENT, f"autonomous: {message}") from None
+
+
+async def _begin_run(
+    daemon: DaemonControl,
+    live: LiveSession,
+    policy: AutonomousPolicy | None,
+    command: CreateSession,
+) -> str | None:
+    """Autonomous mode and a goal for a new session (docs/control.md)."""
+    goal = None
+    if command.goal is not None:
+        goal = (command.goal.objective, command.goal.token_budget)
+    try:
+        return await begin_run(daemon.orch, live, autonomous=policy, goal=goal)
+    except UserError as exc:
+        raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
 
 
 def _flatten(nodes: list[UsageNode]) -> dict[str, UsageNode]:
@@ -300,7 +331,12 @@ class DaemonHandler(CommandHandler):
             raise ApiCommandError(E_BUSY, str(exc)) from None
         outcome = live.last_outcome
         error = outcome.error if outcome is not None else None
+        stop = live.run_stop
         result: JsonObject = {
+            # An autonomous or goal run: how it stopped and the exit code (docs/control.md).
+            "stop_reason": stop.reason if stop is not None else None,
+            "stop_detail": stop.detail if stop is not None else None,
+            "exit_code": stop.exit_code if stop is not None else None,
             "session": live.id,
             "reason": outcome.reason if outcome is not None else "none",
             "final_text": outcome.final_text if outcome is not None else "",
@@ -311,7 +347,8 @@ class DaemonHandler(CommandHandler):
         if outcome is not None:
             # The run's last event, as an in-process print-mode run records it; pushed to the
             # client before this answer (same queue), so a JSON stream ends with it.
-            payload = RunEndPayload(reason=outcome.reason, final_text=outcome.final_text)
+            ended = stop.reason if stop is not None else outcome.reason
+            payload = RunEndPayload(reason=ended, final_text=outcome.final_text)
             await orch.record(live, "run_end", payload)
         if release and live.record.parent_id is None:
             await orch.unload(live)
@@ -444,6 +481,7 @@ class DaemonHandler(CommandHandler):
         if not usable:
             shown = command.cwd[:MAX_SHOWN_PATH_CHARS]
             raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
+        policy = _policy(command)
         try:
             choice = await daemon.choose_backend(command.backend)
             await ensure_litellm()  # its first import must not stall the daemon's loop
@@ -462,9 +500,10 @@ class DaemonHandler(CommandHandler):
         )
         if command.refine is not None and command.refine != live.record.refine_enabled:
             live.record = await daemon.store.update_session(live.id, refine_enabled=command.refine)
+        start = await _begin_run(daemon, live, policy, command)
         status = None
-        if task:
-            status = daemon.orch.submit(live, Inbound(UserMessagePayload(text=command.task or "")))
+        if task or start is not None:
+            status = daemon.orch.submit(live, first_input(live, command.task or "", start))
         return {
             "session": live.id,
             "name": live.record.name,

@@ -21,7 +21,7 @@ from orchestrator.sandbox.base import Sandbox, SandboxSpec
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
 
-__all__ = ["Inbound", "LiveSession", "child_id_for"]
+__all__ = ["Inbound", "LiveSession", "RunStop", "child_id_for"]
 
 SessionState = Literal["running", "idle", "completed", "error", "aborted", "deleted", "failed"]
 
@@ -35,6 +35,16 @@ def child_id_for(session_id: str) -> str:
 class Inbound:
     payload: UserMessagePayload
     mode: Literal["steer", "follow_up"] = "follow_up"
+
+
+@dataclass(frozen=True)
+class RunStop:
+    """How an autonomous or goal run ended (docs/control.md): its typed reason, a line of
+    detail and the exit code print mode ends with."""
+
+    reason: str
+    detail: str
+    exit_code: int
 
 
 @dataclass
@@ -58,6 +68,10 @@ class LiveSession:
     # Ids of messages submitted here and not yet recorded: queued, or taken by the loop and
     # not committed yet. Redelivery skips them (the store does not have them yet).
     inflight: set[str] = field(default_factory=set)
+    # Long-horizon runs (sessions/post_turn.py): the goal this session is being continued for,
+    # and how its autonomous or goal run stopped (None while it runs, or for other sessions).
+    goal_run: str | None = None
+    run_stop: RunStop | None = None
 
     @property
     def id(self) -> str:

@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
+from orchestrator.control.autonomous import Autonomy
+from orchestrator.control.goals import Goals
 from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
-from orchestrator.harness.entries import GLOBAL_OWNER
 from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
@@ -32,12 +33,13 @@ from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
 from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.context import ContextBuilder
-from orchestrator.sessions.harness_link import SessionRefineTarget
 from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
+from orchestrator.sessions.post_turn import after_turn
 from orchestrator.sessions.prompting import PromptBuilder
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE, AdoptedSandboxes
 from orchestrator.sessions.session_bus import SessionBus
+from orchestrator.sessions.session_target import SessionTarget
 from orchestrator.sessions.supervisor import SandboxSupervisor
 from orchestrator.settings import Settings
 from orchestrator.store.context_queries import read_context_path
@@ -155,6 +157,8 @@ class Orchestrator:
         # The Continual Harness (docs/harness.md): prompts rebuilt after a change, /refine.
         self.prompts = PromptBuilder(store, paths, settings)
         self.refiner = Refiner(store, outcome_turns=settings.harness.outcome_turns)
+        self.goals = Goals(store)  # docs/control.md
+        self.autonomy = Autonomy(store)
 
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
@@ -241,7 +245,7 @@ class Orchestrator:
                 ),
                 tool_protocol=live.model.tool_protocol,
             ),
-            get_sandbox=lambda: self._sandbox(live),
+            get_sandbox=lambda: self.sandbox_of(live),
             record=lambda type_, payload: self.record(live, type_, payload),
             settings=self.settings,
             context=context,
@@ -407,7 +411,7 @@ class Orchestrator:
             raise SandboxStartError(f"the {live.record.backend} backend is not available here")
         return await self.sandboxes.started(live, backend.create(live.spec))
 
-    async def _sandbox(self, live: LiveSession) -> Sandbox:
+    async def sandbox_of(self, live: LiveSession) -> Sandbox:
         task = await self.sandboxes.task_for(live, lambda: self._start_sandbox(live))
         try:
             return await asyncio.shield(task)
@@ -575,7 +579,7 @@ class Orchestrator:
                     live.last_outcome = TurnOutcome(reason="aborted")
             live.last_outcome = outcome
             live.turns += 1
-            await self._after_turn(live)
+            await after_turn(self, live, outcome)
             # Steer messages that arrived after the last model call start the next turn.
             for leftover in reversed(live.steer):
                 live.follow.appendleft(leftover)
@@ -595,26 +599,16 @@ class Orchestrator:
             rest = "completed" if live.record.parent_id else "idle"
             await self._set_state(live, self.sandboxes.resting_state(live, rest))
 
-    # -- the Continual Harness (docs/harness.md) ---------------------------------------------
+    # -- post-turn work: harness, goals, autonomous mode (sessions/post_turn.py) ------------
 
     def harness_changed(self, owner: str) -> None:
         """Entries of ``owner`` changed: prompts built from them are rebuilt at next use."""
         self.prompts.changed(owner)
 
-    def refine_target(self, live: LiveSession) -> SessionRefineTarget:
-        def changed(root_id: str) -> None:
-            self.harness_changed(root_id)
-            self.harness_changed(GLOBAL_OWNER)
+    def session_target(self, live: LiveSession) -> SessionTarget:
+        return SessionTarget(self, live)
 
-        return SessionRefineTarget(self, live, changed)
-
-    async def _after_turn(self, live: LiveSession) -> None:
-        """A turn boundary: planned refinements apply, measured outcomes that came due are
-        written. A failure here is logged and never stops the session's driver."""
-        try:
-            await self.refiner.at_boundary(self.refine_target(live))
-        except Exception:
-            log.exception("refine at the turn boundary of %s failed", live.id)
+    refine_target = goal_target = session_target
 
     async def _record_notes(self, live: LiveSession) -> None:
         assert live.loop is not None
@@ -771,11 +765,13 @@ class Orchestrator:
         await self.stop_session(live)
         outcome = live.last_outcome
         reason = outcome.reason if outcome is not None else "aborted"
+        stop = live.run_stop  # an autonomous or goal run: its stop reason names the end
+        text = outcome.final_text if outcome else ""
         with contextlib.suppress(Exception):
             await self.record(
                 live,
                 "run_end",
-                RunEndPayload(reason=reason, final_text=outcome.final_text if outcome else ""),
+                RunEndPayload(reason=stop.reason if stop else reason, final_text=text),
             )
         final = {"completed": "completed", "aborted": "aborted"}.get(reason, "error")
         await self._set_state(live, final)

@@ -17,16 +17,17 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator.agent.loop import EventSink, TurnOutcome
+from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
-from orchestrator.sessions.live import Inbound
+from orchestrator.sessions.live import RunStop
 from orchestrator.sessions.manager import Orchestrator
+from orchestrator.sessions.post_turn import begin_run, first_input
 from orchestrator.settings import Settings
 from orchestrator.store.db import Store
-from orchestrator.store.events import UserMessagePayload
 
 __all__ = ["RunOptions", "RunResult", "make_backend", "run_session"]
 
@@ -42,12 +43,16 @@ class RunOptions:
     # Outside network access for the sandboxes (docker: a bridge network instead of none).
     # The local backend has no network isolation to grant or take away.
     network: bool = False
+    # Long-horizon controls (docs/control.md): autonomous mode and a goal (objective, budget).
+    autonomous: AutonomousPolicy | None = None
+    goal: tuple[str, int | None] | None = None
 
 
 @dataclass
 class RunResult:
     session_id: str
     outcome: TurnOutcome
+    stop: RunStop | None = None  # how an autonomous or goal run stopped
 
 
 def make_backend(name: str, settings: Settings, *, network: bool = False) -> SandboxBackend:
@@ -124,10 +129,11 @@ async def run_session(
         )
         if on_session is not None:
             on_session(root.id)
-        orch.submit(root, Inbound(UserMessagePayload(text=opts.task)))
+        start = await begin_run(orch, root, autonomous=opts.autonomous, goal=opts.goal)
+        orch.submit(root, first_input(root, opts.task, start))
         await orch.wait_quiet(root.record.root_id, settings.family_wait_timeout_s)
         outcome = root.last_outcome or TurnOutcome(reason="aborted")
-        return RunResult(session_id=root.id, outcome=outcome)
+        return RunResult(session_id=root.id, outcome=outcome, stop=root.run_stop)
     finally:
 
         async def _finish() -> None:

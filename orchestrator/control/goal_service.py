@@ -1,0 +1,134 @@
+"""Host requests ``goal.*`` from kernels (SPEC.md §3 "Long-horizon", docs/control.md).
+
+The kernel's ``goal`` (``orchestrator/runtime/goal.py``) is thin: the rules live in
+``orchestrator/control/goals.py``. The goal belongs to the session whose NATS subject the
+request came on (never a payload field), so a child's ``goal.create()`` sets the child's own
+goal. Goals go to ``orch.goals`` with the caller as a ``GoalTarget``
+(``orch.goal_target(live)``); an orchestrator built without them answers ``unknown_request``.
+
+Wire shapes (``args`` -> ``result``; a goal is ``GoalRow.to_wire()``):
+
+- ``goal.create``: ``{objective, token_budget?}`` -> ``{goal}``
+- ``goal.get``: ``{}`` -> ``{goal}`` (the newest goal, any status; null if none)
+- ``goal.complete``: ``{}`` -> ``{goal, report}`` (the final budget report)
+
+A refused request (a goal is already open, there is none, a bad objective or budget) is a
+``GoalError`` whose ``code`` passes to the kernel unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from orchestrator.bus.router import HostRequestError
+from orchestrator.control.goals import Goals, GoalTarget
+from orchestrator.errors import GoalError
+from orchestrator.sessions.live import LiveSession
+from orchestrator.sessions.manager import Orchestrator
+
+__all__ = ["AGENT_SOURCE", "GOALS_DISABLED", "GoalService"]
+
+# The source of every goal change made through these requests (the CLI's are "user").
+AGENT_SOURCE: Final = "agent"
+GOALS_DISABLED: Final = "goals are not enabled here"
+
+Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
+_Args = TypeVar("_Args", bound=BaseModel)
+
+
+class _Request(BaseModel):
+    # strict: a budget "5000" is a caller's bug, not something to coerce.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class CreateArgs(_Request):
+    # Bounds (trimmed length, budget range) are checked by ``control.goals`` with its messages.
+    objective: str
+    token_budget: int | None = None
+
+
+class _NoArgs(_Request):
+    pass
+
+
+def _parse(model: type[_Args], where: str, args: dict[str, Any]) -> _Args:
+    try:
+        return model.model_validate(args)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'args'}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise HostRequestError("invalid_argument", f"{where}: {problems}") from None
+
+
+def _refused(exc: GoalError) -> HostRequestError:
+    return HostRequestError(exc.code, str(exc))
+
+
+class GoalService:
+    """The ``goal.*`` handlers over an ``Orchestrator`` (``.goals``, ``.goal_target``)."""
+
+    def __init__(self, orch: Orchestrator):
+        self.orch = orch
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "goal.create": self.create,
+            "goal.get": self.get,
+            "goal.complete": self.complete,
+        }
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _live(self, session_id: str) -> LiveSession:
+        live = self.orch.sessions.get(session_id)
+        if live is None or live.state == "deleted":
+            raise HostRequestError("not_found", f"session {session_id} is not live here")
+        return live
+
+    def _goals(self) -> Goals:
+        goals = getattr(self.orch, "goals", None)
+        if goals is None:
+            raise HostRequestError("unknown_request", GOALS_DISABLED)
+        return cast(Goals, goals)
+
+    def _target(self, live: LiveSession) -> GoalTarget:
+        make_target = getattr(self.orch, "goal_target", None)
+        if make_target is None:
+            raise HostRequestError("unknown_request", GOALS_DISABLED)
+        target: GoalTarget = make_target(live)
+        return target
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    async def create(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
+        live = self._live(caller)
+        a = _parse(CreateArgs, "goal.create", args)
+        goals = self._goals()
+        try:
+            row = await goals.create(
+                self._target(live), a.objective, a.token_budget, source=AGENT_SOURCE
+            )
+        except GoalError as exc:
+            raise _refused(exc) from None
+        return {"goal": row.to_wire()}
+
+    async def get(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
+        live = self._live(caller)
+        _parse(_NoArgs, "goal.get", args)
+        row = await self._goals().get(live.id)
+        return {"goal": None if row is None else row.to_wire()}
+
+    async def complete(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
+        live = self._live(caller)
+        _parse(_NoArgs, "goal.complete", args)
+        goals = self._goals()
+        try:
+            row, report = await goals.complete_goal(self._target(live), source=AGENT_SOURCE)
+        except GoalError as exc:
+            raise _refused(exc) from None
+        return {"goal": row.to_wire(), "report": report}
