@@ -15,9 +15,10 @@ never interleave.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -128,6 +129,9 @@ class AgentLoop:
         self._fenced = client.model.tool_protocol == "fenced"
         self._lock = asyncio.Lock()  # one turn, or one compaction between turns, at a time
         self._turn_event_id: str | None = None  # the user message of the turn in flight
+        # What holds the loop now: a prompt must not arrive while a cell runs or the context
+        # is being compacted (the scheduler defers heartbeats then; docs/control.md).
+        self.activity: Literal["idle", "turn", "cell", "compacting"] = "idle"
         self.compactor = Compactor(
             settings=settings.compaction,
             context=context,
@@ -169,7 +173,7 @@ class AgentLoop:
     async def compact_now(self, instructions: str | None = None) -> CompactionOutcome:
         """``/compact`` between turns: compact at once (waits for a turn that holds the loop).
         Raises ``CompactionFailed`` (``NothingToCompact`` when the context is short)."""
-        async with self._lock:
+        async with self._lock, self._doing("compacting"):
             try:
                 return await self.compactor.compact("manual", instructions, turn_event_id=None)
             except CompactionFailed as exc:
@@ -188,6 +192,14 @@ class AgentLoop:
             "model_change", ModelChangePayload(model=model.selector, previous=previous)
         )
 
+    @contextlib.asynccontextmanager
+    async def _doing(self, what: Literal["turn", "cell", "compacting"]) -> AsyncIterator[None]:
+        before, self.activity = self.activity, what
+        try:
+            yield
+        finally:
+            self.activity = before
+
     def _emit(self, event: dict[str, Any]) -> None:
         if self.sink is not None:
             self.sink({"session_id": self.session_id, **event})
@@ -199,7 +211,7 @@ class AgentLoop:
         source: Literal["user", "parent", "agent", "harness"] = "user",
     ) -> TurnOutcome:
         first = prompt if isinstance(prompt, UserMessagePayload) else None
-        async with self._lock:
+        async with self._lock, self._doing("turn"):
             if self.refresh_prompt is not None:
                 self.system_prompt = await self.refresh_prompt()
             rec = await self._append(
@@ -305,7 +317,10 @@ class AgentLoop:
         """Compact now; a failure stops the turn (fail safe: never a retry loop)."""
         self._emit({"type": "compaction_start", "reason": reason})
         try:
-            await self.compactor.compact(reason, instructions, turn_event_id=self._turn_event_id)
+            async with self._doing("compacting"):
+                await self.compactor.compact(
+                    reason, instructions, turn_event_id=self._turn_event_id
+                )
         except NothingToCompact as exc:
             if reason in ("manual", "requested"):  # asked for, but nothing to do: carry on
                 await self.record("notice", NoticePayload(text=f"compaction skipped: {exc}"))
@@ -339,6 +354,10 @@ class AgentLoop:
         return [call], text, True
 
     async def _run_call(self, call: _Call) -> None:
+        async with self._doing("cell"):
+            await self._run_cell(call)
+
+    async def _run_cell(self, call: _Call) -> None:
         self._emit({"type": "tool_start", "tool_call_id": call.id, "arguments": call.arguments})
         if call.name != TOOL_NAME:
             await self._tool_error(

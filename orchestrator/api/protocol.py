@@ -65,10 +65,12 @@ __all__ = [
     "Fork",
     "GetSession",
     "GetUsage",
+    "Goal",
     "GoalSpec",
     "HarnessEdit",
     "HarnessList",
     "HarnessLog",
+    "Heartbeat",
     "Hello",
     "ImportSession",
     "ListSessions",
@@ -78,6 +80,9 @@ __all__ = [
     "RefineRollback",
     "Response",
     "Resync",
+    "ScheduleAdd",
+    "ScheduleCancel",
+    "ScheduleList",
     "SendMessage",
     "ServerMessage",
     "SetModel",
@@ -120,6 +125,8 @@ HARNESS_LOG_MAX_ROWS = 500
 GATES_MAX = 16
 GATE_MAX_CHARS = 4000
 GOAL_OBJECTIVE_MAX_CHARS = 4000
+SCHEDULE_SPEC_MAX_CHARS = 200
+SCHEDULE_PROMPT_MAX_CHARS = 16_000
 
 # Capabilities. A feature used only when both sides list it; the intersection is stored per client.
 CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
@@ -433,6 +440,53 @@ class HarnessEdit(_Command):
     reason: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
 
 
+class ScheduleAdd(_Command):
+    """``prime-agent schedule add``: a prompt for ``session`` at the times ``spec`` says
+    (``in 10m``, ``every 30s``, ``at <ISO time>``, 5-field cron; docs/schedules.md)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["schedule_add"] = "schedule_add"
+    session: Token
+    spec: str = Field(min_length=1, max_length=SCHEDULE_SPEC_MAX_CHARS)
+    prompt: str = Field(min_length=1, max_length=SCHEDULE_PROMPT_MAX_CHARS)
+    label: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    delivery: Literal["steer", "follow_up"] = "follow_up"
+
+
+class ScheduleList(_Command):
+    type: Literal["schedule_list"] = "schedule_list"
+    session: Token | None = None
+    include_inactive: bool = False
+
+
+class ScheduleCancel(_Command):
+    MUTATING: ClassVar[bool] = True
+    type: Literal["schedule_cancel"] = "schedule_cancel"
+    id: Token
+
+
+class Heartbeat(_Command):
+    """``/heartbeat every 10m <text>`` (and ``status``, ``pause``, ``resume``, ``stop``): the
+    user's heartbeat of ``session``, one per session."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["heartbeat"] = "heartbeat"
+    session: Token
+    text: str = Field(default="", max_length=SCHEDULE_PROMPT_MAX_CHARS)
+
+
+class Goal(_Command):
+    """``/goal``: set a goal (``objective``, ``token_budget``), or ``status``, ``pause``,
+    ``resume``, ``clear`` the session's goal (docs/control.md)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["goal"] = "goal"
+    session: Token
+    action: Literal["set", "status", "pause", "resume", "clear"] = "status"
+    objective: str | None = Field(default=None, max_length=GOAL_OBJECTIVE_MAX_CHARS)
+    token_budget: int | None = Field(default=None, ge=1)
+
+
 class WaitQuiet(_Command):
     """Wait until the session's whole tree is quiet (nothing running, no input waiting) and
     answer with its last turn's outcome: print mode through the daemon. ``release`` unloads
@@ -475,6 +529,11 @@ _Commands = (
     | HarnessLog
     | HarnessList
     | HarnessEdit
+    | ScheduleAdd
+    | ScheduleList
+    | ScheduleCancel
+    | Heartbeat
+    | Goal
     | WaitQuiet
     | Shutdown
 )
@@ -505,6 +564,11 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     HarnessLog,
     HarnessList,
     HarnessEdit,
+    ScheduleAdd,
+    ScheduleList,
+    ScheduleCancel,
+    Heartbeat,
+    Goal,
     WaitQuiet,
     Shutdown,
 )

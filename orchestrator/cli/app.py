@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - older typer on plain click
 
 from orchestrator.cli import agents as agents_cmd
 from orchestrator.cli import compact as compact_cmd
+from orchestrator.cli import control as control_cmd
 from orchestrator.cli import daemon as daemon_cmd
 from orchestrator.cli import doctor as doctor_cmd
 from orchestrator.cli import eval_run as eval_cmd
@@ -79,6 +80,13 @@ app.command("refine", help="Refine a session's harness (/refine), or: refine rol
 )
 app.add_typer(harness_cmd.harness_app, name="harness")
 app.command("run", help="Run an evaluation config (YAML) and record its result.")(eval_cmd.eval_run)
+app.add_typer(control_cmd.schedule_app, name="schedule")
+app.command("heartbeat", help="A session's heartbeat (/heartbeat every 10m TEXT).")(
+    control_cmd.heartbeat
+)
+app.command("goal", help="Set, show, pause, resume or clear a session's goal (/goal).")(
+    control_cmd.goal
+)
 app.add_typer(images_cmd.images_app, name="images")
 app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
 
@@ -110,6 +118,9 @@ SUBCOMMANDS = frozenset(
         "refine",
         "harness",
         "run",
+        "schedule",
+        "heartbeat",
+        "goal",
     }
 )
 

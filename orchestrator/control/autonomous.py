@@ -480,6 +480,10 @@ class Autonomy:
         session_id = run.row.session_id
         await self._store.transaction(lambda con: update_autonomy(con, session_id, **changes))
         if isinstance(decision, Stop):
+            # Children still working end explicitly before the run does, and the final event
+            # says which (a target without children to settle has nothing to say).
+            settle = getattr(target, "settle_children", None)
+            children: dict[str, str] = await settle() if settle is not None else {}
             await target.record(
                 "autonomous_stop",
                 AutonomousStopPayload(
@@ -489,6 +493,7 @@ class Autonomy:
                     tokens=run.tokens,
                     elapsed_s=round(self._elapsed_s(run.row), 3),
                     gates=_gate_summary(run),
+                    children=children,
                 ),
             )
 

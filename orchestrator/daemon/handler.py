@@ -47,9 +47,11 @@ from orchestrator.api.protocol import (
     Fork,
     GetSession,
     GetUsage,
+    Goal,
     HarnessEdit,
     HarnessList,
     HarnessLog,
+    Heartbeat,
     ImportSession,
     JsonObject,
     ListSessions,
@@ -57,6 +59,9 @@ from orchestrator.api.protocol import (
     Prompt,
     Refine,
     RefineRollback,
+    ScheduleAdd,
+    ScheduleCancel,
+    ScheduleList,
     SendMessage,
     SetModel,
     Shutdown,
@@ -65,7 +70,7 @@ from orchestrator.api.protocol import (
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
 from orchestrator.control.autonomous import AutonomousPolicy
-from orchestrator.daemon import harness_commands, tree_commands
+from orchestrator.daemon import control_commands, harness_commands, tree_commands
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -290,6 +295,21 @@ class DaemonHandler(CommandHandler):
             case HarnessLog() | HarnessList() | HarnessEdit():
                 named = await self._record(command.session) if command.session else None
                 return await harness_commands.by_record(self.daemon, named, command)
+            case ScheduleAdd():
+                return await control_commands.schedule_add(
+                    self.daemon, await self._record(command.session), command
+                )
+            case ScheduleList():
+                named = await self._record(command.session) if command.session else None
+                return await control_commands.schedule_list(self.daemon, named, command)
+            case ScheduleCancel():
+                return await control_commands.schedule_cancel(self.daemon, command)
+            case Heartbeat():
+                rec = await self._record(command.session)
+                return await control_commands.heartbeat(self.daemon, rec, command)
+            case Goal():
+                live = await self._live(command.session)
+                return await control_commands.goal(self.daemon, live, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
             case Shutdown():

@@ -37,6 +37,7 @@ from orchestrator.api.server import ControlServer, default_socket_path
 from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
 from orchestrator.daemon.handler import DaemonHandler
+from orchestrator.daemon.schedule_link import make_scheduler, record_interrupted
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sandbox.choice import BackendChoice
@@ -247,6 +248,18 @@ class Daemon:
         resumed = await resume_interrupted_turns(self._orch)
         if resumed:
             log.info("resumed %d interrupted turn(s): %s", len(resumed), ", ".join(resumed))
+        # Heartbeats and schedules (docs/control.md): ticks a crash left claimed are marked
+        # interrupted (never replayed), then due ticks are delivered.
+        scheduler = make_scheduler(self._orch)
+        self._orch.scheduler = scheduler
+        attached = self._orch.idle.attached
+        self._orch.idle.attached = lambda sid: attached(sid) or scheduler.keeps_loaded(sid)
+        interrupted = await scheduler.start()
+        await record_interrupted(self._orch, interrupted)
+        if interrupted:
+            log.info(
+                "marked %d schedule tick(s) a crash left claimed interrupted", len(interrupted)
+            )
 
     def _sink(self, event: dict[str, Any]) -> None:
         # Only durable events (they carry the store's seq, committed before we get here: R1)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from orchestrator.bus.router import HostRequestError
+from orchestrator.control.goal_service import GoalService
+from orchestrator.control.schedule_service import ScheduleService
 from orchestrator.errors import BusError, UserError
 from orchestrator.harness.service import HarnessService
 from orchestrator.ids import new_event_id
@@ -126,7 +128,10 @@ class FamilyService:
             "agent_observe.recent": self.observe_recent,
             # history.* and compact.* (orchestrator/sessions/history_service.py)
             **HistoryService(self.orch).handlers(),
-            **HarnessService(self.orch).handlers(),  # harness.*, refine.* (orchestrator/harness)
+            **HarnessService(self.orch).handlers(),
+            # goal.* and rlm_heartbeat.* (docs/control.md)
+            **GoalService(self.orch).handlers(),
+            **ScheduleService(self.orch).handlers(),  # harness.*, refine.* (orchestrator/harness)
         }
 
     # -- helpers ----------------------------------------------------------------------------

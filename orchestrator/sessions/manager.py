@@ -23,6 +23,7 @@ from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.control.autonomous import Autonomy
 from orchestrator.control.goals import Goals
+from orchestrator.control.scheduler import Scheduler
 from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
 from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
@@ -159,6 +160,7 @@ class Orchestrator:
         self.refiner = Refiner(store, outcome_turns=settings.harness.outcome_turns)
         self.goals = Goals(store)  # docs/control.md
         self.autonomy = Autonomy(store)
+        self.scheduler: Scheduler | None = None  # the daemon's (daemon/schedule_link.py)
 
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
@@ -780,6 +782,8 @@ class Orchestrator:
         self._closing = True
         await self.idle.close()
         await self.refiner.close()  # planning stops; a planned refinement applies next time
+        if self.scheduler is not None:  # a tick claimed now is marked interrupted next start
+            await self.scheduler.close()
         for live in list(self.sessions.values()):
             if live.record.parent_id is None:
                 with contextlib.suppress(Exception):

@@ -74,7 +74,9 @@ def idle() -> Iterator[FakeModelServer]:
 
 
 def _run(project: Path, *extra: str, task: str = "fix the calculator") -> Any:
-    return cli(["-p", task, "--model", "openai/fake", "--cwd", str(project), "--autonomous", *extra])
+    return cli(
+        ["-p", task, "--model", "openai/fake", "--cwd", str(project), "--autonomous", *extra]
+    )
 
 
 async def _events() -> list[tuple[str, dict[str, Any]]]:
@@ -127,7 +129,10 @@ def test_an_unchanged_workspace_is_not_re_gated_and_the_limit_says_gate_failed(
     assert [g["skipped"] for g in gates] == [False, True, True]
     assert all(not g["passed"] for g in gates)
     assert events[-2][0] == "autonomous_stop" and events[-2][1]["reason"] == "gate_failed"
-    assert events[-1] == ("run_end", {"reason": "gate_failed", "final_text": "still nothing to fix"})
+    assert events[-1] == (
+        "run_end",
+        {"reason": "gate_failed", "final_text": "still nothing to fix"},
+    )
 
 
 @pytest.mark.parametrize(
@@ -205,3 +210,34 @@ def test_run_config_writes_a_result_record(tmp_path: Path) -> None:
     assert asyncio.run(stored()) == ["gate_passed"]
     bad = cli(["run", "--config", str(copy / "missing.yaml")])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+
+
+CHILD_SCRIPT: Final = """
+repeat forever:
+    when "[task from parent]":
+        code: import time; time.sleep(120); print("never")
+    when "spawned kid": text: delegated
+    when "Delegate":
+        code: h = await rlm("sleepy work", name="kid"); print("spawned", h.name)
+"""
+
+
+def test_children_still_working_are_cancelled_and_the_stop_says_so(project: Path) -> None:
+    with FakeModelServer(CHILD_SCRIPT) as srv:
+        write_config(f'model_max_retries = 0\n[models."openai/fake"]\napi_base = "{srv.url}"\n')
+        proc = _run(project, "--autonomous-gate", "true", task="Delegate the work")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "delegated\n"
+    events = asyncio.run(_events_of_root())
+    stop = next(p for t, p in events if t == "autonomous_stop")
+    assert stop["reason"] == "gate_passed"
+    assert list(stop["children"].values()) == ["cancelled"]
+
+
+async def _events_of_root() -> list[tuple[str, dict[str, Any]]]:
+    store = await Store.open(Paths.from_env().database_file, read_only=True)
+    try:
+        roots = [s for s in await store.list_sessions() if s.parent_id is None]
+        return [(e.type, e.payload) for e in await store.events(roots[-1].id)]
+    finally:
+        await store.close()

@@ -74,6 +74,11 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
         "title": "t",
         "content": "c",
     },
+    {"type": "schedule_add", "command_id": "26", "session": "s-x", "spec": "in 1m", "prompt": "p"},
+    {"type": "schedule_list", "command_id": "27", "include_inactive": True},
+    {"type": "schedule_cancel", "command_id": "28", "id": "sch-1"},
+    {"type": "heartbeat", "command_id": "29", "session": "s-x", "text": "every 10m look"},
+    {"type": "goal", "command_id": "30", "session": "s-x", "action": "set", "objective": "o"},
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -105,6 +110,7 @@ def test_mutating_set() -> None:
     expected = {"create_session", "prompt", "abort", "send_message", "shutdown"}
     expected |= {"branch", "fork", "clone", "import_session", "compact"}
     expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
+    expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
     assert expected == MUTATING_COMMAND_TYPES
 
 
