@@ -42,7 +42,17 @@ __all__ = [
 
 CWD_PATH_ENTRY = ""  # sys.path's entry for "the current directory, whatever it is now"
 # Names the runtime adds to the user namespace (hidden from %who and namespace snapshots).
-RUNTIME_NAMES = ("edit", "rlm", "agent_message", "agent_observe", "history", "compact", "refine")
+RUNTIME_NAMES = (
+    "edit",
+    "rlm",
+    "agent_message",
+    "agent_observe",
+    "history",
+    "compact",
+    "refine",
+    "goal",
+    "rlm_heartbeat",
+)
 # Name -> (module, attribute) of the helpers pushed as lazy stand-ins.
 LAZY_HELPERS = {
     "rlm": ("orchestrator.runtime.rlm", "rlm"),
@@ -51,6 +61,8 @@ LAZY_HELPERS = {
     "history": ("orchestrator.runtime.history", "history"),
     "compact": ("orchestrator.runtime.history", "compact"),
     "refine": ("orchestrator.runtime.refine", "refine"),
+    "goal": ("orchestrator.runtime.goal", "goal"),
+    "rlm_heartbeat": ("orchestrator.runtime.heartbeat", "rlm_heartbeat"),
 }
 # ipykernel's shell init asks every subprocess for colour (TERM=xterm-color, FORCE_COLOR=1,
 # CLICOLOR_FORCE=1); the model reads plain text, and escape codes only cost tokens.

@@ -241,3 +241,51 @@ async def _events_of_root() -> list[tuple[str, dict[str, Any]]]:
         return [(e.type, e.payload) for e in await store.events(roots[-1].id)]
     finally:
         await store.close()
+
+
+GOAL_SCRIPT: Final = """
+repeat forever:
+    when "Goal complete.": text: all done, budget reported
+    when 'kind="continuation"':
+        code: r = await goal.complete(); print(r)
+    when 'kind="start"': text: first step taken
+    when 'kind="budget_limit"': text: wrapped up
+"""
+
+
+@pytest.fixture
+def goal_model() -> Iterator[FakeModelServer]:
+    yield from _serve(GOAL_SCRIPT)
+
+
+def test_goal_continuation_stops_at_goal_complete(
+    goal_model: FakeModelServer, project: Path
+) -> None:
+    proc = cli(
+        ["-p", "--goal", "make the tests pass", "--model", "openai/fake", "--cwd", str(project)]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "all done, budget reported\n"
+    events = asyncio.run(_events())
+    harness = [p["text"] for t, p in events if t == "user_message" and p["source"] == "harness"]
+    assert len(harness) == 2  # the start, one continuation; none after goal.complete()
+    assert "make the tests pass" in harness[1] and "user-provided data" in harness[1]
+    statuses = [p["status"] for t, p in events if t == "goal_update"]
+    assert statuses[0] == "active" and statuses[-1] == "complete"
+    assert events[-2][0] == "autonomous_stop" and events[-2][1]["reason"] == "goal_complete"
+
+
+def test_a_goal_at_its_budget_gets_the_wrap_up_and_stops(
+    goal_model: FakeModelServer, project: Path
+) -> None:
+    budget = ["--goal-budget", "50", "--cwd", str(project)]
+    proc = cli(["-p", "--goal", "make the tests pass", "--model", "openai/fake", *budget])
+    assert proc.returncode == EXIT_CODES["token_limit"], proc.stderr
+    assert "the run stopped: token_limit" in proc.stderr
+    events = asyncio.run(_events())
+    harness = [p["text"] for t, p in events if t == "user_message" and p["source"] == "harness"]
+    assert len(harness) == 2 and 'kind="budget_limit"' in harness[1]
+    said = [p["text"] for t, p in events if t == "assistant_message"]
+    assert said[-1] == "wrapped up"
+    assert [p["status"] for t, p in events if t == "goal_update"][-1] == "budget_limited"
+    assert events[-2][1]["reason"] == "token_limit"

@@ -107,9 +107,9 @@ def test_every_protocol_error_code_has_a_class() -> None:
 def test_every_request_type_is_covered_by_a_helper() -> None:
     import inspect
 
-    from orchestrator.runtime import harness, history, messaging, refine, rlm
+    from orchestrator.runtime import goal, harness, heartbeat, history, messaging, refine, rlm
 
-    modules = (rlm, messaging, history, harness, refine)
+    modules = (rlm, messaging, history, harness, refine, goal, heartbeat)
     source = "".join(inspect.getsource(module) for module in modules)
     for request_type in protocol.REQUEST_TYPES:
         assert f'"{request_type}"' in source or request_type.split(".")[1] in source
