@@ -76,6 +76,32 @@ def pids_alive(pids: Sequence[int]) -> list[int]:
     return alive
 
 
+def threads_alive(pid: int) -> list[int]:
+    """The threads of ``pid`` that are not zombies yet."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+    alive = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(tid)
+        except (OSError, IndexError):
+            continue
+    return alive
+
+
+def kill_9(pid: int, timeout: float) -> None:
+    """SIGKILL, then wait for every thread: the main thread can be a zombie while another
+    (the store's writer in an fsync) still exits and holds the database's lock."""
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: not threads_alive(pid), timeout=timeout), f"pid {pid} lingers"
+
+
 def descendant_pids(root: int) -> list[int]:
     """All processes whose parent chain reaches ``root`` (from /proc)."""
     parents: dict[int, int] = {}

@@ -19,10 +19,9 @@ A refused request (a goal is already open, there is none, a bad objective or bud
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, cast
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
+from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.control.goals import Goals, GoalTarget
 from orchestrator.errors import GoalError
@@ -36,33 +35,16 @@ AGENT_SOURCE: Final = "agent"
 GOALS_DISABLED: Final = "goals are not enabled here"
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
-_Args = TypeVar("_Args", bound=BaseModel)
 
 
-class _Request(BaseModel):
-    # strict: a budget "5000" is a caller's bug, not something to coerce.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CreateArgs(_Request):
+class CreateArgs(RequestArgs):
     # Bounds (trimmed length, budget range) are checked by ``control.goals`` with its messages.
     objective: str
     token_budget: int | None = None
 
 
-class _NoArgs(_Request):
+class _NoArgs(RequestArgs):
     pass
-
-
-def _parse(model: type[_Args], where: str, args: dict[str, Any]) -> _Args:
-    try:
-        return model.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'args'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise HostRequestError("invalid_argument", f"{where}: {problems}") from None
 
 
 def _refused(exc: GoalError) -> HostRequestError:
@@ -107,7 +89,7 @@ class GoalService:
 
     async def create(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._live(caller)
-        a = _parse(CreateArgs, "goal.create", args)
+        a = parse_args(CreateArgs, "goal.create", args)
         goals = self._goals()
         try:
             row = await goals.create(
@@ -119,13 +101,13 @@ class GoalService:
 
     async def get(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._live(caller)
-        _parse(_NoArgs, "goal.get", args)
+        parse_args(_NoArgs, "goal.get", args)
         row = await self._goals().get(live.id)
         return {"goal": None if row is None else row.to_wire()}
 
     async def complete(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._live(caller)
-        _parse(_NoArgs, "goal.complete", args)
+        parse_args(_NoArgs, "goal.complete", args)
         goals = self._goals()
         try:
             row, report = await goals.complete_goal(self._target(live), source=AGENT_SOURCE)

@@ -26,11 +26,12 @@ import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.control.timespec import (
     HEARTBEAT_COMMAND,
@@ -116,7 +117,6 @@ _WORD_RE: Final = re.compile(r"\S*")
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 Poke = Callable[[], None]
-_Args = TypeVar("_Args", bound=BaseModel)
 
 
 # -- checks shared by every way in ---------------------------------------------------------------
@@ -544,23 +544,18 @@ def heartbeat_wire(row: ScheduleRow) -> dict[str, Any]:
     }
 
 
-class _Request(BaseModel):
-    # strict: an interval 300 or a paused "yes" is a caller's bug, not something to coerce.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CreateArgs(_Request):
+class CreateArgs(RequestArgs):
     instruction: str = Field(max_length=PROMPT_MAX_CHARS)
     interval: str = Field(default=DEFAULT_HEARTBEAT_INTERVAL, max_length=SPEC_MAX_CHARS)
     label: str | None = Field(default=None, max_length=LABEL_MAX_CHARS)
     delivery: Delivery = DEFAULT_DELIVERY
 
 
-class ListArgs(_Request):
+class ListArgs(RequestArgs):
     include_inactive: bool = False
 
 
-class UpdateArgs(_Request):
+class UpdateArgs(RequestArgs):
     id: str = Field(min_length=1, max_length=REF_MAX_CHARS)
     instruction: str | None = Field(default=None, max_length=PROMPT_MAX_CHARS)
     interval: str | None = Field(default=None, max_length=SPEC_MAX_CHARS)
@@ -569,19 +564,8 @@ class UpdateArgs(_Request):
     paused: bool | None = None
 
 
-class DeleteArgs(_Request):
+class DeleteArgs(RequestArgs):
     id: str = Field(min_length=1, max_length=REF_MAX_CHARS)
-
-
-def _parse(model: type[_Args], where: str, args: dict[str, Any]) -> _Args:
-    try:
-        return model.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'args'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise HostRequestError("invalid_argument", f"{where}: {problems}") from None
 
 
 def _refused(where: str, exc: ScheduleError | ScheduleSpecError) -> HostRequestError:
@@ -627,7 +611,7 @@ class ScheduleService:
     async def create(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         where = "rlm_heartbeat.create"
         self._check_caller(caller)
-        a = _parse(CreateArgs, where, args)
+        a = parse_args(CreateArgs, where, args)
         try:
             row = await add_schedule(
                 self.orch.store,
@@ -647,7 +631,7 @@ class ScheduleService:
 
     async def list_heartbeats(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         self._check_caller(caller)
-        a = _parse(ListArgs, "rlm_heartbeat.list", args)
+        a = parse_args(ListArgs, "rlm_heartbeat.list", args)
         rows = await list_schedules(
             self.orch.store,
             session_id=caller,
@@ -670,7 +654,7 @@ class ScheduleService:
     async def update(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         where = "rlm_heartbeat.update"
         self._check_caller(caller)
-        a = _parse(UpdateArgs, where, args)
+        a = parse_args(UpdateArgs, where, args)
         now = self._clock()
         tz = self._tz
         try:
@@ -708,7 +692,7 @@ class ScheduleService:
     async def delete(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         where = "rlm_heartbeat.delete"
         self._check_caller(caller)
-        a = _parse(DeleteArgs, where, args)
+        a = parse_args(DeleteArgs, where, args)
         now = self._clock()
 
         def write(con: duckdb.DuckDBPyConnection) -> ScheduleRow:

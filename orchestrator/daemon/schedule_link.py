@@ -25,7 +25,7 @@ from orchestrator.store.schedules import DispatchRow, ScheduleRow
 if TYPE_CHECKING:
     from orchestrator.sessions.manager import Orchestrator
 
-__all__ = ["HEARTBEAT_SOURCES", "make_scheduler", "record_interrupted", "tick_text"]
+__all__ = ["HEARTBEAT_SOURCES", "deferred", "make_scheduler", "record_interrupted", "tick_text"]
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,14 @@ def make_scheduler(orch: Orchestrator) -> Scheduler:
         )
         return True
 
-    def defer(session_id: str) -> bool:
-        live = orch.sessions.get(session_id)
-        loop = live.loop if live is not None else None
-        return loop is not None and loop.activity in DEFERRING_ACTIVITIES
+    return Scheduler(orch.store, deliver=deliver, defer=lambda sid: deferred(orch, sid))
 
-    return Scheduler(orch.store, deliver=deliver, defer=defer)
+
+def deferred(orch: Orchestrator, session_id: str) -> bool:
+    """A tick for this session waits: it runs a cell or compacts its context right now."""
+    live = orch.sessions.get(session_id)
+    loop = live.loop if live is not None else None
+    return loop is not None and loop.activity in DEFERRING_ACTIVITIES
 
 
 async def record_interrupted(orch: Orchestrator, rows: list[DispatchRow]) -> None:

@@ -28,12 +28,13 @@ import inspect
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from orchestrator.api.protocol import REFINE_INSTRUCTIONS_MAX_CHARS
+from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import HarnessError
 from orchestrator.harness.entries import (
@@ -75,7 +76,6 @@ REFINE_DISABLED: Final = "refine is not enabled here"
 REFINEMENT_ID_MAX_CHARS: Final = 200  # a refinement id is "r-" and an event id; this is slack
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
-_Args = TypeVar("_Args", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +83,13 @@ log = logging.getLogger(__name__)
 # -- request shapes ------------------------------------------------------------------------------
 
 
-class _Request(BaseModel):
-    # strict: a version "3" or a title 5 is a caller's bug, not something to coerce.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class _Target(_Request):
+class _Target(RequestArgs):
     kind: Kind
     id: str
     scope: Scope | None = None
 
 
-class CreateArgs(_Request):
+class CreateArgs(RequestArgs):
     kind: Kind
     title: str
     content: str
@@ -123,33 +118,22 @@ class DeleteArgs(_Target):
     reason: str | None = None
 
 
-class ListArgs(_Request):
+class ListArgs(RequestArgs):
     kind: Kind | None = None
     scope: Scope | None = None
 
 
-class RefineRunArgs(_Request):
+class RefineRunArgs(RequestArgs):
     instructions: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
     scope: Scope | None = None
 
 
-class RollbackArgs(_Request):
+class RollbackArgs(RequestArgs):
     id: str = Field(min_length=1, max_length=REFINEMENT_ID_MAX_CHARS)
 
 
-class _NoArgs(_Request):
+class _NoArgs(RequestArgs):
     pass
-
-
-def _parse(model: type[_Args], where: str, args: dict[str, Any]) -> _Args:
-    try:
-        return model.model_validate(args)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'args'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise HostRequestError("invalid_argument", f"{where}: {problems}") from None
 
 
 def _refused(exc: HarnessError) -> HostRequestError:
@@ -291,7 +275,7 @@ class HarnessService:
 
     async def create(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(CreateArgs, "harness.create", args)
+        a = parse_args(CreateArgs, "harness.create", args)
         if a.id is None:
             try:
                 entry_id, scope = slugify(a.title), a.scope
@@ -316,7 +300,7 @@ class HarnessService:
 
     async def update(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(UpdateArgs, "harness.update", args)
+        a = parse_args(UpdateArgs, "harness.update", args)
         entry_id, scope = _split_id(a.id, a.scope)
         write = EntryWrite(
             kind=a.kind,
@@ -335,7 +319,7 @@ class HarnessService:
 
     async def delete(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(DeleteArgs, "harness.delete", args)
+        a = parse_args(DeleteArgs, "harness.delete", args)
         entry_id, scope = _split_id(a.id, a.scope)
         owner = harness_store.owner_of(scope or "local", root)
         write = EntryWrite(kind=a.kind, id=entry_id)
@@ -347,7 +331,7 @@ class HarnessService:
 
     async def list_entries(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(ListArgs, "harness.list", args)
+        a = parse_args(ListArgs, "harness.list", args)
         owners = self._owners(root, a.scope)
         kind = a.kind
         found = await self.orch.store.read(
@@ -361,7 +345,7 @@ class HarnessService:
 
     async def get(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(_Target, "harness.get", args)
+        a = parse_args(_Target, "harness.get", args)
         entry_id, scope = _split_id(a.id, a.scope)
         owners = self._owners(root, scope)
         kind = a.kind
@@ -381,7 +365,7 @@ class HarnessService:
 
     async def history(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(_Target, "harness.history", args)
+        a = parse_args(_Target, "harness.history", args)
         entry_id, scope = _split_id(a.id, a.scope)
         owners = self._owners(root, scope)
         kind = a.kind
@@ -411,7 +395,7 @@ class HarnessService:
 
     async def refine_run(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._live(caller)
-        a = _parse(RefineRunArgs, "refine.run", args)
+        a = parse_args(RefineRunArgs, "refine.run", args)
         refiner = self._refiner()
         make_target = getattr(self.orch, "refine_target", None)
         if make_target is None:
@@ -430,12 +414,12 @@ class HarnessService:
 
     async def refine_status(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         live = self._live(caller)
-        _parse(_NoArgs, "refine.status", args)
+        parse_args(_NoArgs, "refine.status", args)
         return dict(self._refiner().status(live.id))
 
     async def refine_rollback(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
-        a = _parse(RollbackArgs, "refine.rollback", args)
+        a = parse_args(RollbackArgs, "refine.rollback", args)
         refiner = self._refiner()
         row = await self.orch.store.read(lambda con: refinement_store.select_refinement(con, a.id))
         # Another tree's refinement is as invisible as a missing one.

@@ -14,7 +14,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import signal
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -24,7 +23,7 @@ from orchestrator.paths import Paths
 from orchestrator.store import schedules as schedule_store
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, daemon_pids, pids_alive, stop_daemons, wait_until, write_config
+from tests.helpers import cli, daemon_pids, kill_9, stop_daemons, wait_until, write_config
 
 SCRIPT: Final = """
 repeat forever:
@@ -95,8 +94,7 @@ def test_a_tick_claimed_before_kill_9_is_interrupted_not_replayed(
     assert added.returncode == 0, added.stderr
     schedule_id = added.stdout.split()[0]
     [pid] = daemon_pids()
-    os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not pids_alive([pid]), timeout=10)
+    kill_9(pid, DELIVERY_TIMEOUT_S)
 
     async def claim_as_the_dead_daemon_did() -> str:
         # The state kill -9 leaves between claiming a due tick and delivering it.
@@ -131,3 +129,30 @@ def test_heartbeat_set_show_and_stop(model: FakeModelServer) -> None:
     stopped = cli(["heartbeat", "first task", "stop"])
     assert stopped.returncode == 0, stopped.stderr
     assert cli(["schedule", "list", "first task"]).stdout.strip() == "no schedules"
+
+
+def _live(selector: str) -> bool:
+    proc = cli(["observe", selector, "--json", "--last", "1"])
+    assert proc.returncode == 0, proc.stderr
+    return bool(json.loads(proc.stdout)["session"]["live"])
+
+
+def test_an_active_heartbeat_keeps_its_session_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle unload (1 s here) unloads a quiet session, but not one with an active heartbeat."""
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
+    with FakeModelServer(SCRIPT) as srv:
+        write_config(
+            "model_max_retries = 0\nidle_unload_seconds = 1.0\n"
+            f'[models."openai/fake"]\napi_base = "{srv.url}"\n'
+        )
+        for task in ("first task", "other task"):
+            assert cli(["-p", task, "--model", "openai/fake"]).returncode == 0
+        pinned = cli(["heartbeat", "first task", "every", "1h", "check the build"])
+        assert pinned.returncode == 0, pinned.stderr
+        for task in ("first task", "other task"):  # both loaded by a message
+            assert cli(["send", task, "hello"]).returncode == 0
+        assert wait_until(lambda: not _live("other task"), timeout=DELIVERY_TIMEOUT_S)
+        assert _live("first task")
+        assert cli(["heartbeat", "first task", "stop"]).returncode == 0
+        assert wait_until(lambda: not _live("first task"), timeout=DELIVERY_TIMEOUT_S)
+    stop_daemons(os.environ["XDG_RUNTIME_DIR"])

@@ -37,7 +37,7 @@ from orchestrator.sessions.manager import INTERRUPTED_CELL_TEXT
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, pids_alive, wait_until, write_config
+from tests.helpers import cli, kill_9, pids_alive, wait_until, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
@@ -111,26 +111,7 @@ def _start_daemon() -> int:
 
 
 def _kill_daemon(pid: int) -> None:
-    """SIGKILL, then wait for every thread: the main thread can be a zombie while another
-    (the store's writer in an fsync) still exits and holds the database's lock."""
-    os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not _threads_alive(pid), timeout=STOP_TIMEOUT_S)
-
-
-def _threads_alive(pid: int) -> list[int]:
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return []
-    alive = []
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
-                if fh.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.append(tid)
-        except (OSError, IndexError):
-            continue
-    return alive
+    kill_9(pid, STOP_TIMEOUT_S)
 
 
 def _our_gateways() -> list[int]:

@@ -38,7 +38,7 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 from orchestrator.testing import FakeModelServer
-from tests.helpers import pids_alive, wait_until, write_config
+from tests.helpers import kill_9, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
 
 FAST = Settings(retry_base_delay_s=0.01, model_max_retries=1, cell_timeout_s=120.0)
@@ -262,8 +262,7 @@ def _start_daemon() -> int:
 
 
 def _kill_daemon(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
-    assert wait_until(lambda: not pids_alive([pid]), timeout=STOP_TIMEOUT_S)
+    kill_9(pid, STOP_TIMEOUT_S)
 
 
 async def _poll(what: str, probe: Any) -> Any:
