@@ -86,7 +86,9 @@ BASE_BUILD_ARG = "BASE"
 SOURCE_HASH_LABEL = "prime-agent.source-hash"
 # What the image installs from PyPI wheels (pinned to this host's versions).
 # nkeys (and its pynacl): a kernel signs the nonce of an external operator-mode NATS server.
-IMAGE_REQUIREMENTS = ("ipykernel", "jupyter-kernel-gateway", "nats-py", "dill", "nkeys")
+# pytest: the usual autonomous gate (`--autonomous-gate "python -m pytest -q"`, docs/control.md)
+# runs inside the sandbox, and the sandbox has no network to install it.
+IMAGE_REQUIREMENTS = ("ipykernel", "jupyter-kernel-gateway", "nats-py", "dill", "nkeys", "pytest")
 IMAGE_PYTHON = (3, 11)  # Debian bookworm's python3: the wheels must be cp311
 # Its exact version: some current wheels (soupsieve) need >= 3.11.5, so resolve for this one.
 IMAGE_PYTHON_VERSION = "3.11.2"
@@ -194,8 +196,10 @@ def image_label(tag: str, label: str, client: Any | None = None) -> str | None:
 
 
 def source_hash(kind: str = "session") -> str:
-    """Hash of everything that runs inside an image (see ``_HASHED_SOURCES``)."""
+    """Hash of everything that runs inside an image (see ``_HASHED_SOURCES``), and of what it
+    installs (``IMAGE_REQUIREMENTS``): a new requirement makes an existing image stale."""
     digest = hashlib.sha256()
+    digest.update("\n".join(IMAGE_REQUIREMENTS).encode())
     for rel in _variant_sources(kind):
         path = REPO_ROOT / rel
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]

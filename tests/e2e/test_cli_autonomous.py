@@ -7,6 +7,7 @@ limit stops with its own exit code and a final ``autonomous_stop`` event."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -88,14 +89,29 @@ async def _events() -> list[tuple[str, dict[str, Any]]]:
         await store.close()
 
 
-@pytest.mark.parametrize("through_daemon", [False, True], ids=["in-process", "daemon"])
+@pytest.mark.parametrize(
+    ("through_daemon", "backend"),
+    [(False, "local"), (True, "local"), (False, "docker")],
+    ids=["in-process", "daemon", "docker"],
+)
 def test_the_agent_fixes_a_failing_gate_on_its_second_try(
-    fixer: FakeModelServer, project: Path, through_daemon: bool
+    fixer: FakeModelServer, project: Path, through_daemon: bool, backend: str
 ) -> None:
+    if backend == "docker":  # the gate runs in the container (pytest is in the image)
+        from orchestrator.sandbox.docker import docker_usable
+
+        usable, why = docker_usable()
+        if not usable:
+            pytest.skip(f"docker backend not usable here: {why}")
+        # A root-owned workspace runs as the image's user, who may not write root's files.
+        from orchestrator.sandbox.docker_run import SANDBOX_UID
+
+        for path in (project, *project.iterdir()):
+            os.chown(path, SANDBOX_UID, SANDBOX_UID)
     if through_daemon:
         started = cli(["daemon", "start"])
         assert started.returncode == 0, started.stderr
-    proc = _run(project, "--autonomous-gate", GATE)
+    proc = _run(project, "--autonomous-gate", GATE, "--backend", backend)
     if through_daemon:
         cli(["daemon", "stop"])
     assert proc.returncode == 0, proc.stderr

@@ -105,3 +105,13 @@ def test_pool_fits_only_sessions_with_the_backend_policy(tmp_path: Path) -> None
         ),
     ):
         assert not backend._pool_fits(other)
+
+
+def test_the_session_dockerfile_installs_every_image_requirement() -> None:
+    """``IMAGE_REQUIREMENTS`` are the wheels gathered on the host; the Dockerfile must install
+    each (pytest is the usual autonomous gate, and the sandbox has no network)."""
+    from orchestrator.sandbox.images import IMAGE_REQUIREMENTS, IMAGES_DIR
+
+    text = (IMAGES_DIR / "session" / "Dockerfile").read_text()
+    line = next(part for part in text.split("\\\n") if "--find-links /wheels" in part)
+    assert set(IMAGE_REQUIREMENTS) <= set(line.split()), line
