@@ -140,6 +140,20 @@ def _refused(exc: HarnessError) -> HostRequestError:
     return HostRequestError(exc.code, str(exc))
 
 
+def _entry_write(a: CreateArgs | UpdateArgs, entry_id: str) -> EntryWrite:
+    """The write a create or update asks for (on update, None fields keep their value)."""
+    return EntryWrite(
+        kind=a.kind,
+        id=entry_id,
+        title=a.title,
+        content=a.content,
+        path=a.path,
+        reference=a.reference,
+        arguments=a.arguments,
+        metadata=a.metadata,
+    )
+
+
 def _split_id(value: str, scope: Scope | None) -> tuple[str, Scope | None]:
     """(id, scope) of ``id`` / ``local:id`` / ``global:id``; a scope given twice must agree."""
     prefix, sep, rest = value.partition(SCOPE_SEPARATOR)
@@ -283,36 +297,22 @@ class HarnessService:
                 raise _refused(exc) from None
         else:
             entry_id, scope = _split_id(a.id, a.scope)
-        write = EntryWrite(
-            kind=a.kind,
-            id=entry_id,
-            title=a.title,
-            content=a.content,
-            path=a.path,
-            reference=a.reference,
-            arguments=a.arguments,
-            metadata=a.metadata,
-        )
         owner = harness_store.owner_of(scope or "local", root)
         return await self._write(
-            caller, owner, "create", write, expected_version=None, reason=a.reason
+            caller,
+            owner,
+            "create",
+            _entry_write(a, entry_id),
+            expected_version=None,
+            reason=a.reason,
         )
 
     async def update(self, caller: str, args: dict[str, Any]) -> dict[str, Any]:
         root = self._root(caller)
         a = parse_args(UpdateArgs, "harness.update", args)
         entry_id, scope = _split_id(a.id, a.scope)
-        write = EntryWrite(
-            kind=a.kind,
-            id=entry_id,
-            title=a.title,
-            content=a.content,
-            path=a.path,
-            reference=a.reference,
-            arguments=a.arguments,
-            metadata=a.metadata,
-        )
         owner = harness_store.owner_of(scope or "local", root)
+        write = _entry_write(a, entry_id)
         return await self._write(
             caller, owner, "update", write, expected_version=a.version, reason=a.reason
         )
