@@ -31,12 +31,12 @@ Backend = Literal["auto", "docker", "local"]
 
 def stop_of(outcome_reason: str, stop: Any) -> tuple[str, int]:
     """The stop reason and exit code of a finished run."""
-    from orchestrator.control.autonomous import EXIT_CODES
+    from orchestrator.control.autonomous import exit_code_for
 
     if stop is not None:
         return str(stop.reason), int(stop.exit_code)
     reason = PLAIN_STOPS.get(outcome_reason, "model_error")
-    return reason, EXIT_CODES[reason]  # type: ignore[index]
+    return reason, exit_code_for(reason)
 
 
 def eval_run(

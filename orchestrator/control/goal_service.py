@@ -4,7 +4,7 @@ The kernel's ``goal`` (``orchestrator/runtime/goal.py``) is thin: the rules live
 ``orchestrator/control/goals.py``. The goal belongs to the session whose NATS subject the
 request came on (never a payload field), so a child's ``goal.create()`` sets the child's own
 goal. Goals go to ``orch.goals`` with the caller as a ``GoalTarget``
-(``orch.goal_target(live)``); an orchestrator built without them answers ``unknown_request``.
+(``orch.session_target(live)``); an orchestrator built without them answers ``unknown_request``.
 
 Wire shapes (``args`` -> ``result``; a goal is ``GoalRow.to_wire()``):
 
@@ -52,7 +52,7 @@ def _refused(exc: GoalError) -> HostRequestError:
 
 
 class GoalService:
-    """The ``goal.*`` handlers over an ``Orchestrator`` (``.goals``, ``.goal_target``)."""
+    """The ``goal.*`` handlers over an ``Orchestrator`` (``.goals``, ``.session_target``)."""
 
     def __init__(self, orch: Orchestrator):
         self.orch = orch
@@ -79,7 +79,7 @@ class GoalService:
         return cast(Goals, goals)
 
     def _target(self, live: LiveSession) -> GoalTarget:
-        make_target = getattr(self.orch, "goal_target", None)
+        make_target = getattr(self.orch, "session_target", None)
         if make_target is None:
             raise HostRequestError("unknown_request", GOALS_DISABLED)
         target: GoalTarget = make_target(live)

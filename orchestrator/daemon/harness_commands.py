@@ -32,7 +32,6 @@ from orchestrator.api.protocol import (
 from orchestrator.errors import HarnessError, UserError
 from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.harness.outcome import outcome_line
-from orchestrator.harness.refine import Refiner
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import resolve_model
 from orchestrator.sessions.compaction import change_model
@@ -84,16 +83,9 @@ async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel)
     return {"session": live.id, "model": model.selector, "previous": previous}
 
 
-def _refiner(daemon: DaemonControl) -> Refiner:
-    refiner: Refiner | None = getattr(daemon.orch, "refiner", None)
-    if refiner is None:
-        raise ApiCommandError(E_BUSY, "refine is not available in this daemon")
-    return refiner
-
-
 async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> JsonObject:
-    target = daemon.orch.refine_target(live)
-    answer = await _refiner(daemon).request(
+    target = daemon.orch.session_target(live)
+    answer = await daemon.orch.refiner.request(
         target, instructions=command.instructions, scope=command.scope, trigger="user"
     )
     return {"session": live.id, **answer}
@@ -101,7 +93,7 @@ async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> J
 
 async def rollback(daemon: DaemonControl, command: RefineRollback) -> JsonObject:
     try:
-        row = await _refiner(daemon).rollback(command.id, session_id=None, source="user")
+        row = await daemon.orch.refiner.rollback(command.id, session_id=None, source="user")
     except HarnessError as exc:
         raise _harness_error(exc) from None
     daemon.orch.harness_changed(row.owner)
@@ -164,9 +156,7 @@ async def harness_edit(
         )
     except HarnessError as exc:
         raise _harness_error(exc) from None
-    changed = getattr(daemon.orch, "harness_changed", None)
-    if changed is not None:
-        changed(owner)
+    daemon.orch.harness_changed(owner)
     return {"entry": entry.to_wire()}
 
 

@@ -18,7 +18,7 @@ are thin: every check that matters happens here and in ``orchestrator/store/harn
   next turn boundary. The write is already committed then: a failure there is logged, not
   reported as a failed write (the kernel would retry and get a conflict).
 - **refine.** ``refine.*`` go to ``orch.refiner`` (``orchestrator/harness/refine.py``) with the
-  caller as a ``RefineTarget`` (``orch.refine_target(live)``); without a refiner the requests
+  caller as a ``RefineTarget`` (``orch.session_target(live)``); without a refiner the requests
   are answered ``unknown_request``.
 """
 
@@ -397,7 +397,7 @@ class HarnessService:
         live = self._live(caller)
         a = parse_args(RefineRunArgs, "refine.run", args)
         refiner = self._refiner()
-        make_target = getattr(self.orch, "refine_target", None)
+        make_target = getattr(self.orch, "session_target", None)
         if make_target is None:
             raise HostRequestError("unknown_request", REFINE_DISABLED)
         instructions = a.instructions.strip() if a.instructions else None

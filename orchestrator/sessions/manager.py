@@ -610,8 +610,6 @@ class Orchestrator:
     def session_target(self, live: LiveSession) -> SessionTarget:
         return SessionTarget(self, live)
 
-    refine_target = goal_target = session_target
-
     async def _record_notes(self, live: LiveSession) -> None:
         assert live.loop is not None
         while live.notes:

@@ -12,21 +12,17 @@ A skill whose module the cell wrote is called.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final
 
 from orchestrator.models.registry import ResolvedModel, resolve_model
-from orchestrator.paths import Paths
-from orchestrator.sessions.bus_link import NatsSessionBus
-from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import Orchestrator
-from orchestrator.sessions.runner import make_backend
 from orchestrator.settings import Settings
 from orchestrator.store import harness as harness_store
 from orchestrator.store.events import UserMessagePayload
 from orchestrator.testing import FakeModelServer
+from tests.integration.test_compaction import orchestrator as orchestrator_for
 
 MODEL: Final = "openai/fake"
 QUIET_TIMEOUT_S: Final = 120.0
@@ -96,24 +92,9 @@ repeat forever:
 """
 
 
-@contextlib.asynccontextmanager
-async def orchestrator() -> AsyncIterator[Orchestrator]:
-    """An orchestrator with the NATS bus and the host handlers, as print mode builds it."""
-    from orchestrator.store.db import Store
-
-    paths = Paths.from_env()
-    bus = NatsSessionBus(paths, nats=CFG.nats)
-    store = await Store.open(paths.database_file)
-    orch = Orchestrator(
-        store=store, backend=make_backend("local", CFG), settings=CFG, paths=paths, bus=bus
-    )
-    try:
-        await bus.start(FamilyService(orch).handlers())
-        yield orch
-    finally:
-        await orch.close()
-        await bus.close()
-        await store.close()
+def orchestrator() -> contextlib.AbstractAsyncContextManager[Orchestrator]:
+    """An orchestrator with the NATS bus and the host handlers (as print mode builds it)."""
+    return orchestrator_for(CFG)
 
 
 def fake_model(srv: FakeModelServer) -> ResolvedModel:

@@ -504,7 +504,7 @@ class StandInOrchestrator:
     sessions: dict[str, FakeLive] = field(default_factory=dict)
     working: set[str] = field(default_factory=set)
 
-    def goal_target(self, live: FakeLive) -> FakeTarget:
+    def session_target(self, live: FakeLive) -> FakeTarget:
         return FakeTarget(self.store, live.id, working=live.id in self.working)
 
 
