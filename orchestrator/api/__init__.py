@@ -17,7 +17,14 @@ from orchestrator.api.errors import (
     SocketPathError,
 )
 from orchestrator.api.framing import MAX_LINE_BYTES
-from orchestrator.api.protocol import PROTOCOL_VERSION
+from orchestrator.api.protocol import (
+    CAP_STREAM,
+    CLIENT_CAPABILITIES,
+    PROTOCOL_VERSION,
+    Event,
+    Resync,
+    Stream,
+)
 from orchestrator.api.server import (
     ClientInfo,
     CommandHandler,
@@ -25,11 +32,15 @@ from orchestrator.api.server import (
     SessionSnapshot,
     default_socket_path,
 )
+from orchestrator.errors import ApiError
 
 __all__ = [
+    "CAP_STREAM",
+    "CLIENT_CAPABILITIES",
     "MAX_LINE_BYTES",
     "PROTOCOL_VERSION",
     "ApiCommandError",
+    "ApiError",
     "ClientInfo",
     "CommandHandler",
     "ConnectionClosed",
@@ -38,10 +49,13 @@ __all__ = [
     "DaemonAlreadyRunning",
     "DaemonNotRunning",
     "DaemonUnresponsive",
+    "Event",
     "PermissionDenied",
     "ProtocolMismatch",
+    "Resync",
     "SessionSnapshot",
     "SocketPathError",
+    "Stream",
     "default_socket_path",
     "request_sync",
 ]

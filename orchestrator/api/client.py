@@ -3,7 +3,7 @@
     async with await ControlClient.connect() as client:
         await client.call("ping")
         await client.call("attach", session=sid)
-        async for message in client.events():   # Event or Resync
+        async for message in client.events():   # Event or Resync (or Stream, see below)
             ...
 
 One background task reads the socket and routes each line: responses to the request waiting on
@@ -11,6 +11,10 @@ that ``command_id``, events and resyncs to a bounded queue that ``events()`` dra
 overflows (the consumer stopped draining it), queued events are replaced by a local ``Resync``
 per session, the same contract as the server's: a consumer either sees every event in order or
 is told to resync.
+
+A client that lists ``CAP_STREAM`` among its capabilities (``capabilities=(*CLIENT_CAPABILITIES,
+CAP_STREAM)``) also gets ``Stream`` items (text deltas and the like) in the same queue; they are
+never stored anywhere, so when the queue overflows they are the first to go, without a resync.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from orchestrator.api.protocol import (
     Hello,
     Response,
     Resync,
+    Stream,
     Welcome,
     command_adapter,
     server_message_adapter,
@@ -98,7 +103,7 @@ class ControlClient:
         self._lines = lines
         self._send_lock = asyncio.Lock()
         self._pending: dict[str, asyncio.Future[Response]] = {}
-        self._events: deque[Event | Resync] = deque()
+        self._events: deque[Event | Resync | Stream] = deque()
         self._events_ready = asyncio.Event()
         # Command ids: unique within this process's use of the client id; a retry after a
         # reconnect must reuse the id it sent before, which is why callers may pass their own.
@@ -261,12 +266,13 @@ class ControlClient:
 
     # ---------------------------------------------------------------------------- events
 
-    async def events(self) -> AsyncIterator[Event | Resync]:
-        """Events and resyncs in arrival order, until the connection ends."""
+    async def events(self) -> AsyncIterator[Event | Resync | Stream]:
+        """Events and resyncs (and stream messages, when asked for) in arrival order, until
+        the connection ends."""
         while (item := await self.next_event()) is not None:
             yield item
 
-    async def next_event(self) -> Event | Resync | None:
+    async def next_event(self) -> Event | Resync | Stream | None:
         """The next event or resync; None once the connection has ended and none is left.
 
         Cancelling a waiting call loses nothing: an item is taken only when it is returned.
@@ -278,15 +284,21 @@ class ControlClient:
             await self._events_ready.wait()
         return self._events.popleft()
 
-    def next_event_nowait(self) -> Event | Resync | None:
+    def next_event_nowait(self) -> Event | Resync | Stream | None:
         """An event already received, or None. Everything the daemon sent before a response
         is queued by the time that response's request returns (one reader, in order)."""
         return self._events.popleft() if self._events else None
 
-    def _queue_event(self, message: Event | Resync) -> None:
+    def _queue_event(self, message: Event | Resync | Stream) -> None:
+        if len(self._events) >= CLIENT_EVENT_QUEUE_MAX:
+            # Stream items are the cheapest loss (nothing is owed for them): a new one goes,
+            # and an event makes room by dropping the queued ones first.
+            if isinstance(message, Stream):
+                return
+            self._events = deque(i for i in self._events if not isinstance(i, Stream))
         if len(self._events) >= CLIENT_EVENT_QUEUE_MAX:
             # The consumer stopped draining: drop the queued events and say so per session.
-            kept: deque[Event | Resync] = deque()
+            kept: deque[Event | Resync | Stream] = deque()
             sessions: dict[str, None] = {}
             for item in self._events:
                 if isinstance(item, Event):
@@ -318,7 +330,7 @@ class ControlClient:
                     future = self._pending.get(message.command_id)
                     if future is not None and not future.done():
                         future.set_result(message)
-                elif isinstance(message, Event | Resync):
+                elif isinstance(message, Event | Resync | Stream):
                     self._queue_event(message)
                 elif isinstance(message, ErrorMessage):
                     self.last_error = message

@@ -9,6 +9,11 @@ without draining empty in between, the client is hopeless and ``put_event`` says
 it. Replies (responses, connection errors) are never dropped; instead the connection stops
 reading commands while the queue is full (``wait_for_space``), so a client that pipelines
 commands without reading answers throttles only itself.
+
+Transient messages (``stream``: text deltas and the like, never stored) are the cheapest to
+lose: ``put_transient`` queues one only while the queue is under ``STREAM_FILL_FRACTION`` of
+its bounds and otherwise drops it silently (no resync, never a disconnect), and an event that
+does not fit first evicts the queued transients before it counts as an overflow.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ __all__ = [
     "CLIENT_QUEUE_MAX_BYTES",
     "CLIENT_QUEUE_MAX_MESSAGES",
     "QUEUE_OVERFLOW_LIMIT",
+    "STREAM_FILL_FRACTION",
     "Item",
     "ItemKind",
     "Outbox",
@@ -32,6 +38,9 @@ CLIENT_QUEUE_MAX_MESSAGES: Final = 1024
 CLIENT_QUEUE_MAX_BYTES: Final = 8 * 1024 * 1024
 # The second overflow before the queue drained disconnects the client.
 QUEUE_OVERFLOW_LIMIT: Final = 2
+# Transient messages are queued only below this fraction of the bounds: durable events keep the
+# rest, so a flood of deltas never pushes a client into a resync.
+STREAM_FILL_FRACTION: Final = 0.5
 # What a resync marker is counted as (it becomes a message of unknown size only when sent).
 _MARKER_BYTES: Final = 64
 
@@ -40,6 +49,7 @@ class ItemKind(enum.Enum):
     REPLY = "reply"  # a response or connection-level error: never dropped
     EVENT = "event"  # droppable: covered by a resync if dropped
     RESYNC = "resync"  # marker: the writer builds the resync message when it sends it
+    STREAM = "stream"  # transient: dropped silently, first of all, when space runs short
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ class Outbox:
         self._space = asyncio.Event()  # set while below the bounds (or closed)
         self._space.set()
         self.dropped_events = 0
+        self.dropped_transients = 0
         self.resyncs = 0
 
     @property
@@ -96,6 +107,21 @@ class Outbox:
         if not self._closed:
             self._append(Item(ItemKind.REPLY, data))
 
+    def put_transient(self, session: str, data: bytes) -> bool:
+        """Queue a transient message without blocking, unless the queue is past
+        ``STREAM_FILL_FRACTION`` of its bounds: then it is dropped (and counted), nothing else
+        happens. True when it was queued."""
+        if self._closed:
+            return False
+        if (
+            len(self._items) >= self._max_messages * STREAM_FILL_FRACTION
+            or self._bytes + len(data) > self._max_bytes * STREAM_FILL_FRACTION
+        ):
+            self.dropped_transients += 1
+            return False
+        self._append(Item(ItemKind.STREAM, data, session))
+        return True
+
     def put_event(self, session: str, data: bytes | None) -> bool:
         """Queue an event without blocking; ``None`` data means "send a resync instead".
 
@@ -104,6 +130,8 @@ class Outbox:
         """
         if self._closed:
             return True
+        if data is not None and self._full(len(data)):
+            self._drop_transients()  # the cheapest loss first: maybe the event fits then
         if data is not None and not self._full(len(data)):
             self._append(Item(ItemKind.EVENT, data, session))
             return True
@@ -113,6 +141,14 @@ class Outbox:
                 return False
         self._replace_events_with_markers(session)
         return True
+
+    def _drop_transients(self) -> None:
+        kept = deque(item for item in self._items if item.kind is not ItemKind.STREAM)
+        self.dropped_transients += len(self._items) - len(kept)
+        self._items = kept
+        self._bytes = sum(len(i.data) or _MARKER_BYTES for i in kept)
+        if not self._full():
+            self._space.set()
 
     def _replace_events_with_markers(self, session: str) -> None:
         affected: dict[str, None] = {
@@ -124,6 +160,8 @@ class Outbox:
             if item.kind is ItemKind.EVENT:
                 affected[item.session] = None
                 self.dropped_events += 1
+            elif item.kind is ItemKind.STREAM:
+                self.dropped_transients += 1  # no resync: the durable events are the truth
             else:
                 if item.kind is ItemKind.RESYNC:
                     marked.add(item.session)

@@ -22,6 +22,7 @@ __all__ = [
     "CAP_EVENTS",
     "CAP_IDEMPOTENCY",
     "CAP_RESYNC",
+    "CAP_STREAM",
     "CLIENT_CAPABILITIES",
     "COMMAND_TYPES",
     "ERROR_CODES",
@@ -47,9 +48,11 @@ __all__ = [
     "PROTOCOL_VERSION",
     "RECENT_EVENTS_MAX",
     "SERVER_CAPABILITIES",
+    "STREAM_EVENT_TYPES",
     "TREE_PAGE_MAX_NODES",
     "Abort",
     "Attach",
+    "Autonomous",
     "AutonomousSpec",
     "Branch",
     "ClientMessage",
@@ -80,6 +83,8 @@ __all__ = [
     "RefineRollback",
     "Response",
     "Resync",
+    "SandboxControl",
+    "SandboxInfo",
     "ScheduleAdd",
     "ScheduleCancel",
     "ScheduleList",
@@ -87,6 +92,7 @@ __all__ = [
     "ServerMessage",
     "SetModel",
     "Shutdown",
+    "Stream",
     "Tree",
     "WaitQuiet",
     "Welcome",
@@ -132,8 +138,14 @@ SCHEDULE_PROMPT_MAX_CHARS = 16_000
 CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
 CAP_RESYNC = "resync"  # the client understands `resync` after it fell behind
 CAP_IDEMPOTENCY = "idempotency"  # repeated mutating commands return the stored response
-SERVER_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
+# Pushed `stream` messages (text deltas, tool and compaction starts) of attached sessions: never
+# stored, dropped for a client that falls behind. Opt-in: a client lists it in its hello.
+CAP_STREAM = "stream"
+SERVER_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY, CAP_STREAM)
 CLIENT_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
+# The transient events a `stream` message carries (the agent loop's sink emits them without a
+# seq; durable events go out as `event`).
+STREAM_EVENT_TYPES: frozenset[str] = frozenset({"text_delta", "tool_start", "compaction_start"})
 
 # Error codes: the `code` of `response.error` and of connection-level `error` messages.
 E_PARSE_ERROR = "parse_error"  # the line is not UTF-8 JSON holding an object
@@ -487,6 +499,41 @@ class Goal(_Command):
     token_budget: int | None = Field(default=None, ge=1)
 
 
+class SandboxInfo(_Command):
+    """The session's sandbox as it is now (backend, name, state, CPU, memory, log tail); a
+    session that is not loaded is not woken for this (``sandbox`` is null)."""
+
+    type: Literal["sandbox_info"] = "sandbox_info"
+    session: Token
+
+
+class SandboxControl(_Command):
+    """``stop``: unload the session (snapshot saved, sandbox stopped, status inactive);
+    ``restart``: unload and load it again (a new sandbox, namespace revived). Refused (busy)
+    while the session or a loaded descendant is in a turn."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["sandbox_control"] = "sandbox_control"
+    session: Token
+    action: Literal["stop", "restart"]
+
+
+class Autonomous(_Command):
+    """``/autonomous``: turn autonomous mode on (the limits and gates given, the rest the
+    defaults; counters from zero) or off for an existing session, or read its state."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["autonomous"] = "autonomous"
+    session: Token
+    action: Literal["on", "off", "status"] = "status"
+    gates: (
+        list[Annotated[str, StringConstraints(min_length=1, max_length=GATE_MAX_CHARS)]] | None
+    ) = Field(default=None, max_length=GATES_MAX)
+    max_turns: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    timeout_ms: int | None = Field(default=None, ge=1)
+
+
 class WaitQuiet(_Command):
     """Wait until the session's whole tree is quiet (nothing running, no input waiting) and
     answer with its last turn's outcome: print mode through the daemon. ``release`` unloads
@@ -534,6 +581,9 @@ _Commands = (
     | ScheduleCancel
     | Heartbeat
     | Goal
+    | SandboxInfo
+    | SandboxControl
+    | Autonomous
     | WaitQuiet
     | Shutdown
 )
@@ -569,6 +619,9 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     ScheduleCancel,
     Heartbeat,
     Goal,
+    SandboxInfo,
+    SandboxControl,
+    Autonomous,
     WaitQuiet,
     Shutdown,
 )
@@ -635,6 +688,16 @@ class Resync(_ServerModel):
     snapshot: JsonObject | None = None
 
 
+class Stream(_ServerModel):
+    """A transient event of ``session`` (``STREAM_EVENT_TYPES``: a text delta, a tool call
+    starting, a compaction starting) for clients that negotiated ``stream``. Never stored, no
+    cursor: a client that falls behind loses them, and the next durable event is the truth."""
+
+    type: Literal["stream"] = "stream"
+    session: str
+    event: JsonObject
+
+
 class ErrorMessage(_ServerModel):
     """A connection-level error, not tied to a command (bad line, refused handshake)."""
 
@@ -644,7 +707,7 @@ class ErrorMessage(_ServerModel):
 
 
 ServerMessage = Annotated[
-    Welcome | Response | Event | Resync | ErrorMessage, Field(discriminator="type")
+    Welcome | Response | Event | Resync | Stream | ErrorMessage, Field(discriminator="type")
 ]
 
 # Built once: a TypeAdapter compiles its validator, which is the expensive part.

@@ -19,13 +19,11 @@ import abc
 import asyncio
 import contextlib
 import errno
-import fcntl
 import importlib.metadata
 import itertools
 import logging
 import os
 import socket
-import stat
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,11 +34,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from orchestrator.api.errors import (
-    ApiCommandError,
-    DaemonAlreadyRunning,
-    SocketPathError,
-)
+from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.framing import (
     LINE_TOO_LONG,
     MAX_LINE_BYTES,
@@ -59,6 +53,7 @@ from orchestrator.api.outbox import (
 )
 from orchestrator.api.protocol import (
     CAP_EVENTS,
+    CAP_STREAM,
     COMMAND_TYPES,
     E_CONFLICT,
     E_HANDSHAKE_REQUIRED,
@@ -84,11 +79,18 @@ from orchestrator.api.protocol import (
     JsonObject,
     Response,
     Resync,
+    Stream,
     Welcome,
     command_adapter,
     command_fingerprint,
 )
-from orchestrator.paths import Paths, ensure_private_dir
+from orchestrator.api.socket_file import (
+    check_socket_path,
+    remove_stale_socket,
+    take_lock,
+    unlink_if_same,
+)
+from orchestrator.paths import Paths
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S",
@@ -109,14 +111,8 @@ log = logging.getLogger(__name__)
 PACKAGE_NAME: Final = "prime-agent"
 UNKNOWN_VERSION: Final = "0+unknown"
 SOCKET_FILE_NAME: Final = "orchestrator.sock"
-LOCK_FILE_SUFFIX: Final = ".lock"
 SOCKET_MODE: Final = 0o600
-LOCK_FILE_MODE: Final = 0o600
-# AF_UNIX sun_path is 108 bytes on Linux, including the terminating NUL.
-SUN_PATH_MAX_BYTES: Final = 107
 HANDSHAKE_TIMEOUT_S: Final = 5.0
-# Probing an existing socket file: a live daemon answers connect() at once.
-STALE_PROBE_TIMEOUT_S: Final = 1.0
 # Commands one client may have running at once; the reader waits past this.
 MAX_INFLIGHT_PER_CLIENT: Final = 32
 # Writing a last error line to a client we are about to close must not hang on a non-reader.
@@ -320,22 +316,15 @@ class ControlServer:
 
     async def start(self) -> None:
         path = self.socket_path
-        if len(os.fsencode(path)) > SUN_PATH_MAX_BYTES:
-            raise SocketPathError(
-                f"socket path {path} is longer than {SUN_PATH_MAX_BYTES} bytes; "
-                "set XDG_RUNTIME_DIR to a shorter directory"
-            )
-        parent = ensure_private_dir(path.parent)
-        if os.stat(parent).st_uid != os.geteuid():
-            raise SocketPathError(f"{parent} belongs to another user; refusing to serve there")
-        self._take_lock()
+        check_socket_path(path)  # socket_file.py: the path, its lock, a stale socket
+        self._lock_fd = take_lock(path)
         try:
             journal_path = self._handler.journal_path()
             if journal_path is not None:
                 # Under the lock: only the daemon that owns the socket reads or writes it.
                 loaded = self.journal.open(journal_path, _uncertain_line)
                 log.info("idempotency journal %s: %d entries", journal_path, loaded)
-            await self._remove_stale_socket()
+            await remove_stale_socket(path)
             self._server = await asyncio.start_unix_server(self._on_connect, path=str(path))
             # The directory is 0700, so nobody else could connect in between; 0600 is the
             # second fence in case the directory's mode is ever loosened.
@@ -346,53 +335,10 @@ class ControlServer:
             raise
         log.info("control socket listening on %s", path)
 
-    def _take_lock(self) -> None:
-        lock_path = self.socket_path.with_name(self.socket_path.name + LOCK_FILE_SUFFIX)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, LOCK_FILE_MODE)
-        try:
-            # Two daemons starting at once would both find the socket stale and both bind; the
-            # loser of this lock never gets that far. The kernel drops the lock if we die.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DaemonAlreadyRunning(
-                f"another daemon holds {lock_path}; stop it first or use its socket"
-            ) from None
-        self._lock_fd = fd
-
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
-
-    async def _remove_stale_socket(self) -> None:
-        path = self.socket_path
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketPathError(f"{path} exists and is not a socket; refusing to replace it")
-        try:
-            async with asyncio.timeout(STALE_PROBE_TIMEOUT_S):
-                _, writer = await asyncio.open_unix_connection(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            # Nobody listens: a daemon died without cleaning up. Safe to replace.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            log.info("removed stale control socket %s", path)
-            return
-        except TimeoutError:
-            # Something holds the socket but does not accept promptly: assume it is alive.
-            raise DaemonAlreadyRunning(
-                f"{path} is held by a process that does not answer; stop it first"
-            ) from None
-        except OSError as exc:
-            raise SocketPathError(f"cannot probe {path}: {exc.strerror}") from None
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-        raise DaemonAlreadyRunning(f"a daemon is already listening on {path}")
 
     async def close(self) -> None:
         """Stop accepting, close every connection, stop running commands, remove the socket."""
@@ -410,16 +356,8 @@ class ControlServer:
         if self._server is not None:
             await self._server.wait_closed()
         self.journal.close()
-        self._unlink_own_socket()
+        unlink_if_same(self.socket_path, self._socket_ino)
         self._release_lock()
-
-    def _unlink_own_socket(self) -> None:
-        # Only remove the file we bound: a successor daemon may already have replaced it.
-        try:
-            if os.stat(self.socket_path).st_ino == self._socket_ino:
-                os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
 
     # ---------------------------------------------------------------------------- daemon API
 
@@ -430,24 +368,42 @@ class ControlServer:
     def attached_clients(self, session: str) -> list[ClientInfo]:
         return [c.info for c in self._connections.values() if session in c.info.attached]
 
-    def broadcast(self, session: str, cursor: int, event: JsonObject) -> int:
-        """Queue ``event`` for every client attached to ``session``; never blocks.
-
-        Returns the number of clients it was queued for. A client whose queue overflowed twice
-        without draining is disconnected here.
-        """
-        conns = self._connections.values()
+    def _targets(self, session: str, capability: str = CAP_EVENTS) -> list[_Connection]:
+        """Connections with ``capability`` attached to ``session``, or with ``family`` to one
+        of its ancestors."""
+        conns = [c for c in self._connections.values() if capability in c.info.capabilities]
         lineage: frozenset[str] = frozenset()
         if any(c.info.family for c in conns):
             try:
                 lineage = frozenset(self._handler.ancestors(session))
             except Exception:
                 log.exception("ancestors(%s) failed", session)
-        targets = [
+        return [
             c
             for c in conns
             if session in c.info.attached or (lineage and not lineage.isdisjoint(c.info.family))
         ]
+
+    def broadcast_transient(self, session: str, event: JsonObject) -> int:
+        """Queue a ``stream`` message for every client with the ``stream`` capability that
+        ``broadcast`` would reach; never blocks, never resyncs nor disconnects: a client whose
+        queue is too full just misses it. Returns the number of clients it was queued for."""
+        targets = self._targets(session, CAP_STREAM)
+        if not targets:
+            return 0
+        try:
+            data = encode_message(Stream(session=session, event=event))
+        except FrameError:
+            return 0  # a delta over the line cap: the durable event carries the whole text
+        return sum(1 for conn in targets if conn.outbox.put_transient(session, data))
+
+    def broadcast(self, session: str, cursor: int, event: JsonObject) -> int:
+        """Queue ``event`` for every client attached to ``session``; never blocks.
+
+        Returns the number of clients it was queued for. A client whose queue overflowed twice
+        without draining is disconnected here.
+        """
+        targets = self._targets(session)
         if not targets:
             return 0
         data: bytes | None
@@ -478,6 +434,7 @@ class ControlServer:
             "messages": len(box),
             "bytes": box.buffered_bytes,
             "dropped_events": box.dropped_events,
+            "dropped_transients": box.dropped_transients,
             "resyncs": box.resyncs,
         }
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event, Resync
+from orchestrator.api.protocol import Event, Resync, Stream
 
 __all__ = ["Emit", "Follower", "Gap"]
 
@@ -88,7 +88,9 @@ class Follower:
             await self.handle(item)
         return result
 
-    async def handle(self, item: Event | Resync) -> None:
+    async def handle(self, item: Event | Resync | Stream) -> None:
+        if isinstance(item, Stream):
+            return  # transient; only a client that asked for the capability gets them
         if isinstance(item, Resync):
             if item.snapshot is not None:
                 self._apply(item.session, item.snapshot)

@@ -1,5 +1,5 @@
 """The daemon's answers to the long-horizon commands (docs/control.md): ``schedule_add``,
-``schedule_list``, ``schedule_cancel``, ``heartbeat`` and ``goal``.
+``schedule_list``, ``schedule_cancel``, ``heartbeat``, ``goal`` and ``autonomous``.
 
 Each is a thin call into ``orchestrator/control`` (the same code the kernel's ``goal`` and
 ``rlm_heartbeat`` requests use), with the user as the source. A refused request (a bad spec, a
@@ -9,13 +9,18 @@ goal already open, an unknown schedule) is a one-line ``invalid_argument`` / ``n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final
+
+from pydantic import ValidationError
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import (
+    E_BUSY,
     E_CONFLICT,
     E_INVALID_ARGUMENT,
     E_NOT_FOUND,
+    Autonomous,
     Goal,
     Heartbeat,
     JsonObject,
@@ -24,21 +29,36 @@ from orchestrator.api.protocol import (
     ScheduleList,
 )
 from orchestrator.control import schedule_service
+from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.control.goals import start_text
 from orchestrator.control.timespec import HEARTBEAT_COMMAND
 from orchestrator.errors import UserError
 from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.store.autonomy import AutonomyRow
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
 from orchestrator.store.goals import GoalRow
+from orchestrator.store.queries import utcnow
 
 if TYPE_CHECKING:
     from orchestrator.daemon.handler import DaemonControl
     from orchestrator.sessions.manager import Orchestrator
 
-__all__ = ["goal", "heartbeat", "schedule_add", "schedule_cancel", "schedule_list"]
+__all__ = [
+    "autonomous",
+    "autonomous_state",
+    "goal",
+    "heartbeat",
+    "schedule_add",
+    "schedule_cancel",
+    "schedule_list",
+]
 
 _CODES: Final = {"not_found": E_NOT_FOUND, "conflict": E_CONFLICT}
+# Statuses in which a session takes no more turns: autonomous mode cannot be turned on there.
+_ENDED: Final = frozenset({"error", "aborted", "deleted"})
+_POLICY_FIELDS: Final = ("gates", "max_turns", "max_tokens", "timeout_ms")
+ELAPSED_DECIMALS: Final = 3
 
 
 def _refused(exc: UserError) -> ApiCommandError:
@@ -148,3 +168,72 @@ def _start(orch: Orchestrator, live: LiveSession, row: GoalRow) -> None:
     if _busy(live):
         return
     orch.submit(live, Inbound(UserMessagePayload(text=start_text(row), source="harness")))
+
+
+def autonomous_state(row: AutonomyRow | None, now: datetime) -> JsonObject:
+    """A session's autonomous mode as ``autonomous`` answers it: ``mode`` is ``on`` while a
+    run is enabled and has not stopped; the counters, limits and gates of its last run (none:
+    zeros and nulls)."""
+    if row is None:
+        return {
+            "mode": "off",
+            "turns": 0,
+            "tokens": 0,
+            "elapsed_s": None,
+            "limits": None,
+            "gates": [],
+            "started_at": None,
+            "stop_reason": None,
+            "stop_detail": None,
+        }
+    policy = AutonomousPolicy.model_validate(row.policy)
+    # A stopped run's clock stopped with it; one turned off, when it was turned off.
+    until = row.stopped_at or (row.updated_at if not row.enabled else now)
+    return {
+        "mode": "on" if row.enabled and not row.stopped else "off",
+        "turns": row.turns_used,
+        "tokens": row.tokens_used,
+        "elapsed_s": round(max(0.0, (until - row.started_at).total_seconds()), ELAPSED_DECIMALS),
+        "limits": {
+            "max_turns": policy.max_turns,
+            "max_tokens": policy.max_tokens,
+            "timeout_ms": policy.timeout_ms,
+        },
+        "gates": list(policy.gates),
+        "started_at": row.started_at.isoformat(),
+        "stop_reason": row.stop_reason,
+        "stop_detail": row.stop_detail,
+    }
+
+
+async def autonomous(daemon: DaemonControl, rec: SessionRecord, command: Autonomous) -> JsonObject:
+    """``/autonomous on|off|status`` for an existing session (docs/control.md): ``on`` starts a
+    run with the limits and gates given (the rest the defaults; counters from zero), counted
+    from the session's next turn; ``off`` ends it (its counters stay readable)."""
+    orch = daemon.orch
+    given: dict[str, Any] = {
+        name: value for name in _POLICY_FIELDS if (value := getattr(command, name)) is not None
+    }
+    if given and command.action != "on":
+        raise ApiCommandError(
+            E_INVALID_ARGUMENT, f"{', '.join(given)} only go with action on, not {command.action}"
+        )
+    live = orch.sessions.get(rec.id)
+    row: AutonomyRow | None
+    if command.action == "on":
+        status = live.state if live is not None else rec.status
+        if status in _ENDED:
+            raise ApiCommandError(E_BUSY, f"session {rec.id} is {status} and takes no turns")
+        try:
+            policy = AutonomousPolicy.model_validate(given)
+        except ValidationError as exc:
+            message = exc.errors()[0]["msg"]
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"autonomous: {message}") from None
+        row = await orch.autonomy.enable(rec.id, policy)
+        if live is not None:
+            live.run_stop = None  # a new run: the previous run's stop is history
+    elif command.action == "off":
+        row = await orch.autonomy.disable(rec.id)
+    else:
+        row = await orch.autonomy.get(rec.id)
+    return {"session": rec.id, "autonomous": autonomous_state(row, utcnow())}

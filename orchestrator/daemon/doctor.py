@@ -51,7 +51,8 @@ class Finding:
 def check_socket(paths: Paths, daemon: dict[str, Any] | None, *, fix: bool) -> Finding:
     """The daemon answering on its socket, or a stale socket file (removable when its lock is
     free: no daemon holds it)."""
-    from orchestrator.api.server import LOCK_FILE_SUFFIX, default_socket_path
+    from orchestrator.api.server import default_socket_path
+    from orchestrator.api.socket_file import LOCK_FILE_SUFFIX
 
     sock = default_socket_path(paths)
     if daemon is not None:

@@ -37,6 +37,7 @@ from orchestrator.api.protocol import (
     E_SHUTTING_DOWN,
     Abort,
     Attach,
+    Autonomous,
     Branch,
     Clone,
     Command,
@@ -59,6 +60,8 @@ from orchestrator.api.protocol import (
     Prompt,
     Refine,
     RefineRollback,
+    SandboxControl,
+    SandboxInfo,
     ScheduleAdd,
     ScheduleCancel,
     ScheduleList,
@@ -70,7 +73,12 @@ from orchestrator.api.protocol import (
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
 from orchestrator.control.autonomous import AutonomousPolicy
-from orchestrator.daemon import control_commands, harness_commands, tree_commands
+from orchestrator.daemon import (
+    control_commands,
+    harness_commands,
+    sandbox_commands,
+    tree_commands,
+)
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -88,6 +96,7 @@ from orchestrator.sessions.post_turn import begin_run, first_input
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import RunEndPayload, UserMessagePayload
+from orchestrator.store.queries import select_last_event_times
 
 __all__ = [
     "ATTACH_REPLAY_MAX_BYTES",
@@ -240,6 +249,7 @@ def _json_size(obj: object) -> int:
 class DaemonHandler(CommandHandler):
     def __init__(self, daemon: DaemonControl):
         self.daemon = daemon
+        self.cpu = sandbox_commands.CpuMeter()  # sandbox_info's CPU percent between calls
 
     # ---------------------------------------------------------------------------- dispatch
 
@@ -310,6 +320,15 @@ class DaemonHandler(CommandHandler):
             case Goal():
                 live = await self._live(command.session)
                 return await control_commands.goal(self.daemon, live, command)
+            case SandboxInfo():  # never wakes the session
+                rec = await self._record(command.session)
+                return await sandbox_commands.sandbox_info(self.daemon, self.cpu, rec)
+            case SandboxControl():
+                rec = await self._record(command.session)
+                return await sandbox_commands.sandbox_control(self.daemon, self.cpu, rec, command)
+            case Autonomous():
+                rec = await self._record(command.session)
+                return await control_commands.autonomous(self.daemon, rec, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
             case Shutdown():
@@ -456,11 +475,19 @@ class DaemonHandler(CommandHandler):
 
     async def _list_sessions(self, roots_only: bool, cwd: str | None) -> JsonObject:
         nodes = _flatten(await self._forest())
+        last = await self.daemon.store.read(select_last_event_times)  # one query for all
         rows = []
         for rec in await self.daemon.store.list_sessions():
             if (roots_only and rec.parent_id is not None) or (cwd is not None and rec.cwd != cwd):
                 continue
-            row = _session_dict(rec, self.daemon.orch.sessions.get(rec.id))
+            live = self.daemon.orch.sessions.get(rec.id)
+            row = _session_dict(rec, live)
+            when = last.get(rec.id)
+            row["last_activity"] = when.isoformat() if when is not None else None
+            # What a loaded session's loop is doing, and its queued input (docs/tui.md).
+            loop = live.loop if live is not None else None
+            row["activity"] = loop.activity if loop is not None else None
+            row["pending"] = live.pending if live is not None else 0
             node = nodes.get(rec.id)
             if node is not None:
                 row["usage"] = {"own": node.own.as_dict(), "total": node.total.as_dict()}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import E_BUSY
+from orchestrator.api.protocol import E_BUSY, STREAM_EVENT_TYPES
 from orchestrator.api.server import ControlServer, default_socket_path
 from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
@@ -262,12 +262,16 @@ class Daemon:
             )
 
     def _sink(self, event: dict[str, Any]) -> None:
-        # Only durable events (they carry the store's seq, committed before we get here: R1)
-        # go to clients; their seq is the per-session cursor. Streaming deltas have no seq.
+        # Durable events carry the store's seq (committed before we get here: R1), which is
+        # the per-session cursor. Transient ones (text deltas, a tool or a compaction starting)
+        # have none: they go as `stream` messages to the clients that asked for them.
         seq = event.get("seq")
-        if self.server is None or not isinstance(seq, int):
+        if self.server is None:
             return
-        self.server.broadcast(str(event["session_id"]), seq, event)
+        if isinstance(seq, int):
+            self.server.broadcast(str(event["session_id"]), seq, event)
+        elif event.get("type") in STREAM_EVENT_TYPES:
+            self.server.broadcast_transient(str(event["session_id"]), event)
 
     async def _shutdown(self) -> None:
         self._stopping = True

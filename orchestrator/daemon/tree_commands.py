@@ -37,7 +37,7 @@ from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl,
 if TYPE_CHECKING:
     from orchestrator.daemon.handler import DaemonControl
 
-__all__ = ["branch", "copy", "import_file", "tree_page"]
+__all__ = ["branch", "copy", "import_file", "loaded_family", "tree_page"]
 
 # A rejected path is quoted back this far (it may be huge).
 _SHOWN_CHARS: Final = 200
@@ -54,7 +54,7 @@ async def tree_page(daemon: DaemonControl, rec: SessionRecord, command: Tree) ->
     return page.as_dict()
 
 
-def _loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
+def loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
     """The session and its loaded descendants (parents before children)."""
     sessions = sorted(daemon.orch.sessions.values(), key=lambda s: s.record.depth)
     inside = {session_id}
@@ -68,7 +68,7 @@ def _loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
 
 async def branch(daemon: DaemonControl, rec: SessionRecord, command: Branch) -> JsonObject:
     orch = daemon.orch
-    family = _loaded_family(daemon, rec.id)
+    family = loaded_family(daemon, rec.id)
     busy = [s.id for s in family if s.state == "running" or s.pending]
     if busy:
         raise ApiCommandError(

@@ -15,13 +15,15 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from orchestrator.errors import SandboxError, SandboxStartError
 
 __all__ = [
     "PYTHONPATH_ENV",
+    "SANDBOX_LOG_TAIL_LINES",
     "WORKSPACE_MODES",
     "CellError",
     "CellResult",
@@ -29,6 +31,7 @@ __all__ = [
     "ResourceLimits",
     "Sandbox",
     "SandboxBackend",
+    "SandboxInfo",
     "SandboxListener",
     "SandboxRef",
     "SandboxSpec",
@@ -47,6 +50,8 @@ CellStatus = Literal["ok", "error", "timeout", "aborted", "kernel_died"]
 WorkspaceMode = Literal["rw", "ro", "copy"]
 WORKSPACE_MODES: tuple[WorkspaceMode, ...] = ("rw", "ro", "copy")
 PYTHONPATH_ENV = "PYTHONPATH"
+# ``Sandbox.info`` returns at most this many of the sandbox's last log lines.
+SANDBOX_LOG_TAIL_LINES: Final = 20
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,22 @@ class CellResult:
     notice: str = ""  # e.g. "cell timed out after 600 s; kernel restarted, namespace lost"
 
 
+@dataclass(frozen=True)
+class SandboxInfo:
+    """What a sandbox can tell about itself now (the control API's ``sandbox_info``); a field
+    a backend cannot know is None. ``cpu_seconds`` is the CPU time used since it started (all
+    its processes), ``memory_bytes`` what it holds now (RSS, or the container's usage)."""
+
+    name: str  # "pid 1234", a container's name, a pod's name
+    image: str | None = None
+    state: str = "unknown"  # "running", "exited", ... (the backend's word)
+    started_at: datetime | None = None  # aware UTC
+    cpu_seconds: float | None = None
+    memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    log_tail: tuple[str, ...] = ()  # at most SANDBOX_LOG_TAIL_LINES, oldest first
+
+
 class SilentRunner(Protocol):
     """Runs host code in the kernel silently (no history, no output, not a model cell) and
     returns the ``execute_reply`` content; raises ``SandboxError`` when it fails."""
@@ -224,6 +245,16 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def is_alive(self) -> bool: ...
+
+    async def info(self) -> SandboxInfo:
+        """Name, state and resource use, as far as the backend knows them (this default
+        knows only whether the kernel answers). Never raises for a sandbox that is gone."""
+        try:
+            alive = await self.is_alive()
+        except Exception:
+            alive = False
+        name = self.ref.ref or self.ref.session_id
+        return SandboxInfo(name=name, state="running" if alive else "stopped")
 
 
 class SandboxBackend(abc.ABC):

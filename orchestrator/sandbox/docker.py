@@ -43,6 +43,7 @@ from orchestrator.sandbox.base import (
     ResourceLimits,
     Sandbox,
     SandboxBackend,
+    SandboxInfo,
     SandboxRef,
     SandboxSpec,
     WorkspaceMode,
@@ -498,6 +499,14 @@ class DockerSandbox(Sandbox):
         if self._stopped or self.client is None:
             return False
         return await self.client.kernel_alive()
+
+    async def info(self) -> SandboxInfo:
+        from orchestrator.sandbox.docker_info import container_info  # docker_info.py
+
+        running = not self._stopped
+        return await asyncio.to_thread(
+            container_info, self.backend.docker, self.container_id, running=running
+        )
 
     async def stop(self) -> None:
         if self._stopped:

@@ -41,9 +41,11 @@ from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.procs import ChildProcess, ChildStartError, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
+    SANDBOX_LOG_TAIL_LINES,
     CellResult,
     Sandbox,
     SandboxBackend,
+    SandboxInfo,
     SandboxRef,
     SandboxSpec,
     WorkspaceMode,
@@ -93,6 +95,8 @@ GATEWAY_MODULE: Final = "orchestrator.sandbox.gateway_main"
 READY_LINE_PREFIX: Final = b'{"port"'  # gateway_main's ready line, in its log
 READY_POLL_S: Final = 0.01  # reading the log for the ready line
 STDERR_TAIL_BYTES: Final = 4096
+# ``info()`` reads at most this much of the end of the gateway's log for its last lines.
+LOG_TAIL_READ_BYTES: Final = 64 * 1024
 ADOPTED_STOP_POLL_S: Final = 0.05  # an adopted gateway is not our child: no waitpid
 OWNER_ENV: Final = "PRIME_AGENT_SANDBOX_OWNER"  # the daemon's socket (gateway_env)
 RUNTIME_DIR_FLAG: Final = "--runtime-dir"
@@ -143,14 +147,30 @@ def _relative_to_root(path: Path) -> str:
     return str(path.resolve()).lstrip("/")
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, max_bytes: int = STDERR_TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - STDERR_TAIL_BYTES))
+            fh.seek(max(0, fh.tell() - max_bytes))
             return fh.read().decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def _gateway_info(pid: int, log_path: Path, alive: bool) -> SandboxInfo:
+    """A local sandbox as ``info()`` shows it: the gateway process and its descendants (the
+    kernel and whatever it runs) from /proc, the last lines of the gateway's log."""
+    proc = proctree.read_proc(pid) if alive else None
+    usage = proctree.tree_usage(pid) if proc is not None else None
+    lines = [line for line in _tail(log_path, LOG_TAIL_READ_BYTES).splitlines() if line.strip()]
+    return SandboxInfo(
+        name=f"pid {pid}",
+        state="running" if usage is not None else "exited",
+        started_at=proctree.started_at(proc) if proc is not None else None,
+        cpu_seconds=usage.cpu_seconds if usage is not None else None,
+        memory_bytes=usage.rss_bytes if usage is not None else None,
+        log_tail=tuple(lines[-SANDBOX_LOG_TAIL_LINES:]),
+    )
 
 
 def _own_runtime_dir(recorded: str) -> Path | None:
@@ -396,6 +416,11 @@ class LocalSandbox(Sandbox):
         if self._stopped or self._exit_status() is not None:
             return False
         return await self.client.kernel_alive()
+
+    async def info(self) -> SandboxInfo:
+        alive = not self._stopped and self._exit_status() is None
+        log_path = self.runtime_dir / GATEWAY_LOG_NAME
+        return await asyncio.to_thread(_gateway_info, self.child.pid, log_path, alive)
 
     async def stop(self) -> None:
         if self._stopped:

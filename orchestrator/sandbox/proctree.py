@@ -6,6 +6,9 @@ backstop that makes ``stop()`` leave nothing behind.
 
 A pid is identified by (pid, start time) so that a sweep never signals a process that reused
 the pid of one that already exited.
+
+``tree_usage`` and ``started_at`` measure a process tree for the control API's
+``sandbox_info`` (a local sandbox is its gateway process and everything below it).
 """
 
 from __future__ import annotations
@@ -13,17 +16,27 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
 
 __all__ = [
     "ProcInfo",
+    "ProcUsage",
     "children",
     "descendants",
     "is_running",
     "kill_all",
     "read_proc",
+    "started_at",
+    "tree_usage",
 ]
 
 PROC = "/proc"
+# Fields of /proc/<pid>/stat counted from the one after "(comm)" (the state, field 3): utime,
+# stime, cutime, cstime (fields 14-17, clock ticks) and rss (field 24, pages).
+_CPU_FIELDS: Final = (11, 12, 13, 14)
+_RSS_FIELD: Final = 21
+_BOOT_TIME_KEY: Final = "btime"
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,15 @@ class ProcInfo:
     start_time: int  # clock ticks since boot; with pid, a unique identity
 
 
-def read_proc(pid: int) -> ProcInfo | None:
+@dataclass(frozen=True)
+class ProcUsage:
+    """CPU time and resident memory of a process tree."""
+
+    cpu_seconds: float  # user + system, its reaped children's included
+    rss_bytes: int
+
+
+def _stat_fields(pid: int) -> list[str] | None:
     try:
         with open(f"{PROC}/{pid}/stat", "rb") as fh:
             raw = fh.read().decode("ascii", "replace")
@@ -43,7 +64,13 @@ def read_proc(pid: int) -> ProcInfo | None:
         return None
     # "pid (comm) state ppid pgrp session tty tpgid flags minflt ... starttime(22) ..."; comm
     # may hold spaces and parentheses, so split after the last ")".
-    rest = raw[raw.rfind(")") + 2 :].split()
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def read_proc(pid: int) -> ProcInfo | None:
+    rest = _stat_fields(pid)
+    if rest is None:
+        return None
     try:
         return ProcInfo(
             pid=pid, ppid=int(rest[1]), pgid=int(rest[2]), state=rest[0], start_time=int(rest[19])
@@ -125,3 +152,37 @@ def kill_all(procs: list[ProcInfo], sig: int) -> int:
             os.kill(info.pid, sig)
             sent += 1
     return sent
+
+
+def tree_usage(pid: int) -> ProcUsage | None:
+    """CPU seconds and RSS of ``pid`` and its descendants (None when ``pid`` is gone). A live
+    process's CPU time counts its reaped children's too (cutime, cstime), so a short-lived
+    command run by the kernel is counted once it has exited."""
+    ticks = 0
+    pages = 0
+    found = False
+    for member in [pid, *(p.pid for p in descendants(pid))]:
+        rest = _stat_fields(member)
+        if rest is None:
+            continue
+        try:
+            ticks += sum(int(rest[i]) for i in _CPU_FIELDS)
+            pages += int(rest[_RSS_FIELD])
+        except (IndexError, ValueError):
+            continue
+        found = found or member == pid
+    if not found:
+        return None
+    return ProcUsage(ticks / os.sysconf("SC_CLK_TCK"), pages * os.sysconf("SC_PAGE_SIZE"))
+
+
+def started_at(info: ProcInfo) -> datetime | None:
+    """When the process started (aware UTC), from the boot time and its start time."""
+    try:
+        with open(f"{PROC}/stat") as fh:
+            boot = next(
+                int(line.split()[1]) for line in fh if line.startswith(_BOOT_TIME_KEY + " ")
+            )
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+    return datetime.fromtimestamp(boot + info.start_time / os.sysconf("SC_CLK_TCK"), UTC)

@@ -30,7 +30,7 @@ from orchestrator.errors import SandboxError
 from orchestrator.ids import validate_session_id
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.runtime.snapshot import NOT_PREPARED, read_manifest
-from orchestrator.sandbox.base import CellResult, Sandbox, SandboxRef, SilentRunner
+from orchestrator.sandbox.base import CellResult, Sandbox, SandboxInfo, SandboxRef, SilentRunner
 from orchestrator.settings import SNAPSHOT_DEBOUNCE_S
 
 __all__ = [
@@ -410,6 +410,9 @@ class KeptSandbox(Sandbox):
 
     async def is_alive(self) -> bool:
         return not self.lost and await self.inner.is_alive()
+
+    async def info(self) -> SandboxInfo:
+        return await self.inner.info()
 
     async def stop(self) -> None:
         """A last snapshot when the namespace changed (not for a deleted session), then stop."""

@@ -35,6 +35,7 @@ __all__ = [
     "select_event",
     "select_events",
     "select_family",
+    "select_last_event_times",
     "select_recent_events",
     "select_recorded_message_ids",
     "select_session",
@@ -342,6 +343,13 @@ def select_recent_events(
         [session_id, limit],
     ).fetchall()
     return [_event_from_row(row) for row in reversed(rows)]
+
+
+def select_last_event_times(con: duckdb.DuckDBPyConnection) -> dict[str, datetime]:
+    """The time of each session's newest event (sessions without events are left out): one
+    aggregate over ``events`` for every session at once (``list_sessions``)."""
+    rows = con.execute("SELECT session_id, max(ts) FROM events GROUP BY session_id").fetchall()
+    return {str(sid): from_db_ts(ts) for sid, ts in rows if ts is not None}
 
 
 def select_recorded_message_ids(

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.api import client as client_module
 from orchestrator.api.client import ControlClient, request_sync
 from orchestrator.api.errors import (
     ApiCommandError,
@@ -30,6 +31,7 @@ from orchestrator.api.errors import (
 )
 from orchestrator.api.framing import MAX_LINE_BYTES
 from orchestrator.api.protocol import (
+    CAP_STREAM,
     CLIENT_CAPABILITIES,
     COMMAND_TYPES,
     ERROR_CODES,
@@ -39,6 +41,7 @@ from orchestrator.api.protocol import (
     CreateSession,
     Event,
     Resync,
+    Stream,
     server_message_adapter,
 )
 from orchestrator.api.server import (
@@ -71,6 +74,7 @@ class DummyHandler(CommandHandler):
         self.sessions: dict[str, dict[str, Any]] = {}
         self.last_cursor = 0
         self.disconnected: list[ClientInfo] = []
+        self.parents: dict[str, list[str]] = {}  # session -> its ancestors (family routing)
 
     def count(self, kind: str) -> int:
         return sum(1 for c in self.calls if c.type == kind)
@@ -109,6 +113,9 @@ class DummyHandler(CommandHandler):
 
     async def client_disconnected(self, client: ClientInfo) -> None:
         self.disconnected.append(client)
+
+    def ancestors(self, session: str) -> list[str]:
+        return self.parents.get(session, [])
 
 
 @pytest.fixture
@@ -153,7 +160,14 @@ class Raw:
         self.writer = writer
 
     @classmethod
-    async def open(cls, path: Path, *, hello: bool = True, client_id: str = "raw") -> Raw:
+    async def open(
+        cls,
+        path: Path,
+        *,
+        hello: bool = True,
+        client_id: str = "raw",
+        capabilities: tuple[str, ...] = CLIENT_CAPABILITIES,
+    ) -> Raw:
         reader, writer = await asyncio.open_unix_connection(str(path))
         raw = cls(reader, writer)
         if hello:
@@ -161,7 +175,7 @@ class Raw:
                 "type": "hello",
                 "protocol_version": PROTOCOL_VERSION,
                 "client_id": client_id,
-                "capabilities": list(CLIENT_CAPABILITIES),
+                "capabilities": list(capabilities),
             }
             await raw.send(hello)
             welcome = await raw.recv()
@@ -225,7 +239,8 @@ async def test_handshake_and_ping(server: ControlServer, handler: DummyHandler) 
     async with await ControlClient.connect(server.socket_path, client_id="cli") as client:
         assert client.welcome.protocol_version == PROTOCOL_VERSION
         assert client.welcome.server_version == "test"
-        assert client.capabilities == frozenset(SERVER_CAPABILITIES)
+        # `stream` is opt-in: the default client capabilities leave it out.
+        assert client.capabilities == frozenset(SERVER_CAPABILITIES) - {CAP_STREAM}
         assert await client.call("ping") == {"pong": True}
         assert [c.client_id for c in server.clients] == ["cli"]
     await wait_for(lambda: handler.disconnected)
@@ -502,6 +517,108 @@ async def test_slow_reader_gets_resync_with_snapshot(
     assert resyncs[0]["cursor"] >= overflow_cursor
     assert server.statistics()["dropped_slow"] == 0
     await slow.close()
+
+
+async def test_stream_messages_reach_only_clients_that_asked(
+    server: ControlServer, handler: DummyHandler
+) -> None:
+    root, child = "s-000000000010", "s-000000000011"
+    handler.parents[child] = [root]
+    streaming = (*CLIENT_CAPABILITIES, CAP_STREAM)
+    watcher = await ControlClient.connect(server.socket_path, capabilities=streaming)
+    plain = await ControlClient.connect(server.socket_path)
+    family = await ControlClient.connect(server.socket_path, capabilities=streaming)
+    elsewhere = await ControlClient.connect(server.socket_path, capabilities=streaming)
+    assert CAP_STREAM in watcher.capabilities and CAP_STREAM not in plain.capabilities
+    await watcher.call("attach", session=child)
+    await plain.call("attach", session=child)
+    await family.call("attach", session=root, family=True)
+    await elsewhere.call("attach", session=root)  # not with family: not the child's
+    delta = {"type": "text_delta", "session_id": child, "delta": "hel"}
+    assert server.broadcast_transient(child, delta) == 2
+    assert server.broadcast(child, 1, {"type": "assistant_message"}) == 3
+    for client, expected in [
+        (watcher, [Stream, Event]),
+        (family, [Stream, Event]),
+        (plain, [Event]),
+        (elsewhere, []),
+    ]:
+        await client.call("ping")  # everything sent before its answer is queued by now
+        got = []
+        while (item := client.next_event_nowait()) is not None:
+            got.append(item)
+        assert [type(item) for item in got] == expected
+        if expected:
+            assert got[0].session == child
+        if expected[:1] == [Stream]:
+            assert isinstance(got[0], Stream) and got[0].event == delta
+    for client in (watcher, plain, family, elsewhere):
+        await client.close()
+
+
+async def test_stream_messages_to_a_slow_client_are_dropped_not_resynced(
+    server: ControlServer, handler: DummyHandler
+) -> None:
+    sid = "s-000000000012"
+    slow = await Raw.open(
+        server.socket_path, client_id="slow-stream", capabilities=(*CLIENT_CAPABILITIES, CAP_STREAM)
+    )
+    await slow.send({"type": "attach", "command_id": "a", "session": sid})
+    assert (await slow.recv())["ok"] is True
+    info = next(c for c in server.clients if c.client_id == "slow-stream")
+    sent = 0
+    while server.outbox_statistics(info)["dropped_transients"] == 0:
+        sent += 1
+        server.broadcast_transient(sid, {"type": "text_delta", "delta": "d" * 8192})
+        if sent % 8 == 0:
+            await asyncio.sleep(0)  # let the writer fill the socket buffers
+    assert sent < 10_000
+    stats = server.outbox_statistics(info)
+    assert stats["resyncs"] == 0 and stats["dropped_events"] == 0
+    assert info in server.clients and server.statistics()["dropped_slow"] == 0
+    # The durable event still goes out, after the stream messages that were queued.
+    handler.last_cursor = 1
+    server.broadcast(sid, 1, {"type": "assistant_message"})
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["type"] != "event":
+        seen.append(await slow.recv())
+    assert {m["type"] for m in seen[:-1]} == {"stream"} and seen[-1]["cursor"] == 1
+    await slow.close()
+
+
+async def test_client_queue_drops_stream_items_first(
+    server: ControlServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = 8
+    monkeypatch.setattr(client_module, "CLIENT_EVENT_QUEUE_MAX", limit)
+    sid = "s-000000000013"
+    client = await ControlClient.connect(
+        server.socket_path, capabilities=(*CLIENT_CAPABILITIES, CAP_STREAM)
+    )
+    await client.call("attach", session=sid)
+
+    def drain() -> list[Any]:
+        out = []
+        while (item := client.next_event_nowait()) is not None:
+            out.append(item)
+        return out
+
+    # A queue full of stream items: an event pushes them all out, without a resync.
+    for i in range(limit):
+        server.broadcast_transient(sid, {"type": "text_delta", "delta": str(i)})
+    server.broadcast(sid, 1, {"n": 1})
+    await client.call("ping")
+    got = drain()
+    assert [type(m) for m in got] == [Event] and got[0].cursor == 1
+    # A queue full of events: a stream item is dropped, nothing else happens.
+    for cursor in range(2, limit + 2):
+        server.broadcast(sid, cursor, {"n": cursor})
+    server.broadcast_transient(sid, {"type": "text_delta", "delta": "late"})
+    await client.call("ping")
+    got = drain()
+    assert [type(m) for m in got] == [Event] * limit
+    assert [m.cursor for m in got] == list(range(2, limit + 2))
+    await client.close()
 
 
 async def test_server_close_fails_pending_requests(

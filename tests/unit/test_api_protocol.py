@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from orchestrator.api import framing, protocol
 from orchestrator.api.framing import LINE_TOO_LONG, FrameError, LineReader, decode_line
 from orchestrator.api.journal import CommandJournal
-from orchestrator.api.outbox import Item, ItemKind, Outbox
+from orchestrator.api.outbox import STREAM_FILL_FRACTION, Item, ItemKind, Outbox
 from orchestrator.api.protocol import (
     COMMAND_TYPES,
     MUTATING_COMMAND_TYPES,
@@ -30,6 +30,7 @@ from orchestrator.api.protocol import (
     Prompt,
     Response,
     Resync,
+    Stream,
     Welcome,
     client_message_adapter,
     command_adapter,
@@ -79,6 +80,18 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "schedule_cancel", "command_id": "28", "id": "sch-1"},
     {"type": "heartbeat", "command_id": "29", "session": "s-x", "text": "every 10m look"},
     {"type": "goal", "command_id": "30", "session": "s-x", "action": "set", "objective": "o"},
+    {"type": "sandbox_info", "command_id": "31", "session": "s-x"},
+    {"type": "sandbox_control", "command_id": "32", "session": "s-x", "action": "restart"},
+    {
+        "type": "autonomous",
+        "command_id": "33",
+        "session": "s-x",
+        "action": "on",
+        "gates": ["pytest -q"],
+        "max_turns": 3,
+        "max_tokens": 1000,
+        "timeout_ms": 60_000,
+    },
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -111,6 +124,7 @@ def test_mutating_set() -> None:
     expected |= {"branch", "fork", "clone", "import_session", "compact"}
     expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
+    expected |= {"sandbox_control", "autonomous"}
     assert expected == MUTATING_COMMAND_TYPES
 
 
@@ -144,6 +158,7 @@ def test_server_messages_round_trip_and_ignore_additions() -> None:
         Response(command_id="2", ok=False, error=ErrorInfo(code="not_found", message="no")),
         Event(session="s", cursor=3, event={"kind": "x"}),
         Resync(session="s", cursor=3, snapshot={"k": 1}),
+        Stream(session="s", event={"type": "text_delta", "session_id": "s", "delta": "he"}),
         protocol.ErrorMessage(code="parse_error", message="bad"),
     ]
     for message in messages:
@@ -275,6 +290,60 @@ def test_outbox_overflow_becomes_resync_then_disconnect() -> None:
                 assert isinstance(await box2.get(), Item)
         box2.close()
         assert await box2.get() is None
+
+    asyncio.run(run())
+
+
+def test_stream_capability_is_opt_in() -> None:
+    assert protocol.CAP_STREAM in protocol.SERVER_CAPABILITIES
+    assert protocol.CAP_STREAM not in protocol.CLIENT_CAPABILITIES
+    assert {"text_delta", "tool_start", "compaction_start"} == protocol.STREAM_EVENT_TYPES
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "sandbox_control", "command_id": "1", "session": "s", "action": "pause"},
+        {"type": "sandbox_control", "command_id": "1", "session": "s"},
+        {"type": "autonomous", "command_id": "1", "session": "s", "action": "maybe"},
+        {"type": "autonomous", "command_id": "1", "session": "s", "max_turns": 0},
+        {"type": "autonomous", "command_id": "1", "session": "s", "gates": [""]},
+        {"type": "sandbox_info", "command_id": "1", "session": "s", "wake": True},
+    ],
+)
+def test_new_commands_refuse_bad_fields(body: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        command_adapter.validate_python(body)
+
+
+def test_outbox_transients_are_dropped_silently_and_first() -> None:
+    async def run() -> None:
+        limit = 8
+        box = Outbox(max_messages=limit, max_bytes=1_000, overflow_limit=1)
+        admitted = int(limit * STREAM_FILL_FRACTION)
+        queued = [box.put_transient("s", b"d%d" % i) for i in range(limit)]
+        # Only the first part of the queue takes transients; the rest is kept for events.
+        assert queued == [True] * admitted + [False] * (limit - admitted)
+        assert box.dropped_transients == limit - admitted and box.resyncs == 0
+        for i in range(limit - admitted):
+            assert box.put_event("s", b"e%d" % i)
+        # Full: the next event evicts the transients instead of overflowing (with an
+        # overflow limit of 1, an overflow would mean a disconnect).
+        assert box.put_event("s", b"last")
+        assert [i.kind for i in box._items] == [ItemKind.EVENT] * (limit - admitted + 1)
+        assert box.dropped_transients == limit and box.resyncs == 0 and box.dropped_events == 0
+        # A full queue of events: a transient is dropped, nothing else happens.
+        while box.put_event("s", b"more") and len(box) < limit:
+            pass
+        assert not box.put_transient("s", b"d")
+        assert box.resyncs == 0 and all(i.kind is ItemKind.EVENT for i in box._items)
+        # A resync drops transients without marking them.
+        box2 = Outbox(max_messages=limit, max_bytes=1_000, overflow_limit=2)
+        assert box2.put_transient("t", b"d")
+        assert box2.put_event("s", None)
+        assert [(i.kind, i.session) for i in box2._items] == [(ItemKind.RESYNC, "s")]
+        got = await box2.get()
+        assert got is not None and got.kind is ItemKind.RESYNC
 
     asyncio.run(run())
 

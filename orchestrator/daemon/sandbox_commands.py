@@ -1,0 +1,209 @@
+"""The daemon's answers to ``sandbox_info`` and ``sandbox_control`` (docs/protocol.md): a
+session's sandbox as the TUI's inspector shows it, and stopping or restarting it.
+
+``sandbox_info`` never wakes a session: one that is not loaded, or has no sandbox up (none
+started yet, starting, lost), answers ``sandbox: null``. CPU percent is computed here, in one
+place (``CpuMeter``): the sandbox reports the CPU seconds it has used, and the percent is the
+share of one CPU over the time since the previous ``sandbox_info`` of that very sandbox.
+
+``sandbox_control`` goes through the orchestrator's own operations: ``stop`` is
+``Orchestrator.unload`` (a last namespace snapshot, sandbox stopped, status ``inactive``),
+``restart`` unloads and then loads the session again and starts its sandbox at once (a new
+sandbox; the namespace is revived from the snapshot, docs/snapshots.md). Both are refused
+(``busy``) while the session or a loaded descendant is in a turn or has input waiting; input
+that arrives while the sandbox stops is handed to the reloaded session, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Final
+
+from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.protocol import E_BUSY, JsonObject, SandboxControl
+from orchestrator.daemon.tree_commands import loaded_family
+from orchestrator.errors import SandboxError, SandboxStartError, UserError
+from orchestrator.sandbox.base import Sandbox, SandboxInfo, SandboxRef
+from orchestrator.sessions.compaction import running_sandbox
+from orchestrator.sessions.live import LiveSession
+from orchestrator.sessions.manager import TERMINAL_STATES
+from orchestrator.sessions.snapshots import KeptSandbox
+from orchestrator.store.db import SessionRecord
+
+if TYPE_CHECKING:
+    from orchestrator.daemon.handler import DaemonControl
+
+__all__ = [
+    "CPU_SAMPLES_MAX",
+    "SANDBOX_INFO_TIMEOUT_S",
+    "CpuMeter",
+    "sandbox_control",
+    "sandbox_info",
+]
+
+log = logging.getLogger(__name__)
+
+# A wedged engine (or /proc read) must not hold the answer longer than this.
+SANDBOX_INFO_TIMEOUT_S: Final = 10.0
+# The CPU meter remembers at most this many sandboxes (the least recently sampled go first).
+CPU_SAMPLES_MAX: Final = 256
+PERCENT: Final = 100.0
+CPU_PERCENT_DECIMALS: Final = 1
+SECONDS_DECIMALS: Final = 3
+
+
+def _key(ref: SandboxRef) -> str:
+    return f"{ref.backend}:{ref.ref}"
+
+
+class CpuMeter:
+    """CPU percent of each sandbox since its previous sample (100 = one CPU busy)."""
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = CPU_SAMPLES_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._max_entries = max_entries
+        self._clock = clock
+        self._last: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def sample(self, key: str, cpu_seconds: float | None) -> float | None:
+        """Record ``cpu_seconds`` for ``key`` now; the percent since the previous sample, or
+        None for the first one (or when the counter went backwards: another sandbox)."""
+        now = self._clock()
+        previous = self._last.pop(key, None)
+        if cpu_seconds is None:
+            return None
+        self._last[key] = (now, cpu_seconds)
+        while len(self._last) > self._max_entries:
+            self._last.popitem(last=False)
+        if previous is None:
+            return None
+        then, used = previous
+        elapsed = now - then
+        if elapsed <= 0 or cpu_seconds < used:
+            return None
+        return round((cpu_seconds - used) / elapsed * PERCENT, CPU_PERCENT_DECIMALS)
+
+    def forget(self, key: str) -> None:
+        self._last.pop(key, None)
+
+
+def _up(live: LiveSession | None) -> Sandbox | None:
+    """The session's sandbox when one is up (never starts one)."""
+    sandbox = running_sandbox(live) if live is not None else None
+    if isinstance(sandbox, KeptSandbox) and sandbox.lost:
+        return None
+    return sandbox
+
+
+async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
+    ref = sandbox.ref
+    try:
+        async with asyncio.timeout(SANDBOX_INFO_TIMEOUT_S):
+            info = await sandbox.info()
+    except (SandboxError, TimeoutError) as exc:
+        log.warning("sandbox info of %s failed: %s", ref.session_id, exc)
+        info = SandboxInfo(name=ref.ref)
+    started = info.started_at
+    uptime = (datetime.now(UTC) - started).total_seconds() if started is not None else None
+    cpu = info.cpu_seconds
+    return {
+        "backend": ref.backend,
+        "name": info.name,
+        "ref": ref.ref,
+        "image": info.image,
+        "state": info.state,
+        "started_at": started.isoformat() if started is not None else None,
+        "uptime_s": round(max(0.0, uptime), SECONDS_DECIMALS) if uptime is not None else None,
+        "cpu_percent": meter.sample(_key(ref), cpu),
+        "cpu_seconds": round(cpu, SECONDS_DECIMALS) if cpu is not None else None,
+        "memory_bytes": info.memory_bytes,
+        "memory_limit_bytes": info.memory_limit_bytes,
+        "log_tail": list(info.log_tail),
+    }
+
+
+async def sandbox_info(daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
+    """``{session, status, sandbox: null | {...}}`` (docs/protocol.md)."""
+    live = daemon.orch.sessions.get(rec.id)
+    sandbox = _up(live)
+    return {
+        "session": rec.id,
+        "status": live.state if live is not None else rec.status,
+        "sandbox": await _describe(meter, sandbox) if sandbox is not None else None,
+    }
+
+
+async def sandbox_control(
+    daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord, command: SandboxControl
+) -> JsonObject:
+    orch = daemon.orch
+    family = loaded_family(daemon, rec.id)
+    busy = [s.id for s in family if s.state == "running" or s.pending]
+    if busy:
+        raise ApiCommandError(
+            E_BUSY,
+            f"cannot {command.action} the sandbox of {rec.id} while {', '.join(busy[:3])} "
+            f"{'is' if len(busy) == 1 else 'are'} in a turn; wait for it or abort it",
+        )
+    live = orch.sessions.get(rec.id)
+    status = live.state if live is not None else rec.status
+    if command.action == "restart" and status in TERMINAL_STATES:
+        raise ApiCommandError(E_BUSY, f"session {rec.id} is {status}; it cannot be restarted")
+    if live is not None:
+        await _unload(daemon, meter, live, family)
+    if command.action == "stop":
+        after = await daemon.store.get_session(rec.id)
+        return {
+            "session": rec.id,
+            "status": after.status if after is not None else status,
+            "sandbox": None,
+            "unloaded": live is not None,
+        }
+    try:
+        fresh = await orch.load_session_id(rec.id)
+    except UserError as exc:  # SessionNotLoadable, or its model cannot be resolved here
+        raise ApiCommandError(E_BUSY, f"session {rec.id} cannot be loaded: {exc}") from None
+    try:
+        await orch.sandbox_of(fresh)  # revived from its snapshot before this returns
+    except SandboxStartError as exc:
+        raise ApiCommandError(E_BUSY, f"the sandbox of {rec.id} did not start: {exc}") from None
+    return {**await sandbox_info(daemon, meter, fresh.record), "unloaded": live is not None}
+
+
+async def _unload(
+    daemon: DaemonControl, meter: CpuMeter, live: LiveSession, family: list[LiveSession]
+) -> None:
+    """``live`` and its loaded descendants out of memory, as the idle unloader does it."""
+    orch = daemon.orch
+    for session in family:
+        sandbox = _up(session)
+        if sandbox is not None:
+            meter.forget(_key(sandbox.ref))
+    await orch.unload(live)  # a last snapshot, sandboxes stopped, rows inactive
+    for session in family:
+        orch.sandboxes.forget(session.id)  # the next load starts from a clean slate
+        leftover = [*session.steer, *session.follow]
+        if not leftover:
+            continue
+        # Input that arrived while the sandbox stopped would be lost with the object.
+        session.steer.clear()
+        session.follow.clear()
+        try:
+            fresh = await orch.load_session_id(session.id)
+        except UserError as exc:
+            log.warning("input for %s arrived while it was unloaded: lost (%s)", session.id, exc)
+            continue
+        for item in leftover:
+            orch.submit(fresh, item)
