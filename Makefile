@@ -25,7 +25,7 @@ demo: install
 # answers; without Docker the docker tests skip themselves.
 test: install
 	$(BIN)/python -m orchestrator.sandbox.images
-	$(BIN)/python -m pytest -q tests/unit tests/integration tests/e2e
+	$(BIN)/python -m pytest -q tests/unit tests/integration tests/e2e tests/tui
 
 # Session images without a registry (docs/images.md): debootstrap base, wheels from the host.
 base-offline:
@@ -50,7 +50,7 @@ lint: install
 	$(BIN)/ruff format --check orchestrator tui tests bench
 
 typecheck: install
-	$(BIN)/mypy orchestrator
+	$(BIN)/mypy orchestrator tui
 
 bench: install
 	$(BIN)/python -m bench

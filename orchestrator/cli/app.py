@@ -30,6 +30,7 @@ from orchestrator.cli import run as run_cmd
 from orchestrator.cli import sessions as sessions_cmd
 from orchestrator.cli import shutdown as shutdown_cmd
 from orchestrator.cli import tree as tree_cmd
+from orchestrator.cli import tui_cmd
 from orchestrator.cli import usage as usage_cmd
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
 
@@ -88,6 +89,7 @@ app.command("goal", help="Set, show, pause, resume or clear a session's goal (/g
     control_cmd.goal
 )
 app.add_typer(images_cmd.images_app, name="images")
+app.command("tui", help="The interactive TUI (what prime-agent with no task opens).")(tui_cmd.tui)
 app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers.")(doctor_cmd.doctor)
 
 run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -121,6 +123,7 @@ SUBCOMMANDS = frozenset(
         "schedule",
         "heartbeat",
         "goal",
+        "tui",
     }
 )
 

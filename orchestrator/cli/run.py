@@ -192,7 +192,12 @@ def run(
     )
     if not text and controls.goal is None:
         if sys.stdin is not None and sys.stdin.isatty() and not print_mode:
-            fail('the interactive TUI is not built yet: run prime-agent -p "your task"')
+            from orchestrator.cli.tui_cmd import open_tui
+
+            chosen = backend.value
+            raise SystemExit(
+                guarded(lambda: open_tui(cwd=cwd, model=model, backend=chosen), debug=debug)
+            )
         fail('no task given: prime-agent -p "your task" (or pipe the task on stdin)')
     workdir = (cwd or Path.cwd()).expanduser()
     if not workdir.is_dir():

@@ -1,0 +1,31 @@
+"""Helpers for driving the TUI with Textual's pilot: wait for a condition (the app's own
+state), never a fixed sleep."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from textual.pilot import Pilot
+
+# Bounds, not expectations: a turn on a loaded 2-core machine starts a kernel gateway first.
+UNTIL_TIMEOUT_S: Final = 90.0
+_STEP_S: Final = 0.05
+
+
+async def until(
+    pilot: Pilot[None], predicate: Callable[[], bool], *, timeout: float = UNTIL_TIMEOUT_S
+) -> None:
+    """Let the app run until ``predicate()`` holds; fail with the screen's text otherwise."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; screen:\n{screen_text(pilot)}")
+        await pilot.pause(_STEP_S)
+
+
+def screen_text(pilot: Pilot[None]) -> str:
+    """What a person sees, as plain text (the app's current screen)."""
+    strips = pilot.app.screen._compositor.render_strips()
+    return "\n".join(strip.text.rstrip() for strip in strips)
