@@ -12,6 +12,7 @@ order, so a replay and a live push never interleave out of order.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 from rich.text import Text
@@ -251,7 +252,8 @@ class ChatScreen(Screen[None]):
         line.append(_usage_part("own", own))
         line.append(" · ")
         line.append(_usage_part("tree", total))
-        line.append(f" · {fmt.duration(float(total.get('wall_s', 0.0)))}", style="dim")
+        wall = fmt.duration(float(total.get("wall_s", 0.0)))
+        line.append(f" · {wall:>{fmt.DURATION_CHARS}}", style="dim")
         self.query_one("#usage", Static).update(line)
 
     @property
@@ -384,6 +386,10 @@ class ChatScreen(Screen[None]):
 
     def open_session(self, session_id: str) -> None:
         self.tui.open_chat(session_id)
+
+    @property
+    def cwd(self) -> Path:
+        return self.tui.cwd
 
     def say(self, text: str, *, error: bool = False) -> None:
         """One line in the chat that is not part of the session (a command's answer)."""

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 __all__ = [
+    "DURATION_CHARS",
     "ELLIPSIS",
     "NO_TIME",
     "UNKNOWN_COST",
@@ -31,6 +32,8 @@ MS_PER_S: Final = 1000
 MINUTE_S: Final = 60
 HOUR_S: Final = 3600
 DAY_S: Final = 86_400
+# The widest duration() gives ("850ms", "3m 05s"): columns pad to it so they stay aligned.
+DURATION_CHARS: Final = 6
 # ago(): closer than this is "just now"; clock skew (a time in the future) is too.
 JUST_NOW_S: Final = 5
 JUST_NOW: Final = "just now"

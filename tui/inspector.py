@@ -8,6 +8,7 @@ snapshot) through ``sandbox_control``.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
 
 from rich.table import Table
@@ -15,6 +16,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
@@ -83,7 +85,10 @@ class InspectorScreen(Screen[None]):
         super().__init__()
         self.session_id = session_id
         self.answer: dict[str, Any] = {}
-        self._busy = False
+        # Held by a poll or a stop / restart: a timer tick skips its poll while it is held;
+        # `s` / `r` wait for a poll in flight to answer.
+        self._lock = asyncio.Lock()
+        self._controlling = False
 
     @property
     def tui(self) -> PrimeAgentApp:
@@ -103,42 +108,58 @@ class InspectorScreen(Screen[None]):
         await self.poll()
 
     async def poll(self) -> None:
-        if self._busy:
+        if self._lock.locked():
             return
-        self._busy = True
+        async with self._lock:
+            await self._poll()
+
+    async def _poll(self) -> None:
         try:
             self.answer = await self.tui.link.call("sandbox_info", session=self.session_id)
         except (ApiCommandError, ConnectionClosed) as exc:
             self._hint(str(exc), error=True)
             return
-        finally:
-            self._busy = False
         self._draw()
 
     def _draw(self) -> None:
-        self.query_one("#info", Static).update(info_table(self.answer))
         box = self.answer.get("sandbox") or {}
         lines = box.get("log_tail") or []
-        self.query_one("#logs", Static).update(Text("\n".join(lines) or "(no log lines)"))
+        self._update("#info", info_table(self.answer))
+        self._update("#logs", Text("\n".join(lines) or "(no log lines)"))
 
     def _hint(self, text: str, *, error: bool = False) -> None:
-        style = "bold red" if error else "dim"
-        self.query_one("#inspector-hint", Static).update(Text(text, style=style))
+        self._update("#inspector-hint", Text(text, style="bold red" if error else "dim"))
 
-    async def action_control(self, action: str) -> None:
-        if self._busy:
-            return
-        self._busy = True
-        self._hint(f"{action} requested…")
+    def _update(self, selector: str, content: Table | Text) -> None:
         try:
-            await self.tui.link.call("sandbox_control", session=self.session_id, action=action)
-        except (ApiCommandError, ConnectionClosed) as exc:
-            self._hint(f"{action}: {exc}", error=True)
+            widget = self.query_one(selector, Static)
+        except NoMatches:  # closed (Esc) while a stop / restart was under way
             return
+        widget.update(content)
+
+    def action_control(self, action: str) -> None:
+        if self._controlling:  # one stop / restart at a time
+            return
+        self._controlling = True
+        self._hint(f"{action} requested…")
+        # The app's worker, not the screen's: the keys keep working while it waits for a poll
+        # in flight or a slow restart, and Esc does not cancel what was asked.
+        self.app.run_worker(self._control(action), name=f"sandbox-{action}", group="inspector")
+
+    async def _control(self, action: str) -> None:
+        try:
+            async with self._lock:  # a poll in flight answers first
+                try:
+                    await self.tui.link.call(
+                        "sandbox_control", session=self.session_id, action=action
+                    )
+                except (ApiCommandError, ConnectionClosed) as exc:
+                    self._hint(f"{action}: {exc}", error=True)
+                    return
+                self._hint("stopped: the session is inactive" if action == "stop" else "restarted")
+                await self._poll()
         finally:
-            self._busy = False
-        self._hint("stopped: the session is inactive" if action == "stop" else "restarted")
-        await self.poll()
+            self._controlling = False
 
     def action_back(self) -> None:
         self.tui.close_screen(self)

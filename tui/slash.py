@@ -114,6 +114,9 @@ class SlashHost(Protocol):
 
     def say(self, text: str, *, error: bool = False) -> None: ...  # one line (red: error)
 
+    @property
+    def cwd(self) -> Path: ...  # where a relative /export path is resolved (the TUI's cwd)
+
 
 class _Misuse(Exception):
     """The line is not a valid use of its command; the message says what to do."""
@@ -367,7 +370,7 @@ async def _export(run: _Run) -> None:
     typed = run.args
     if len(typed) > 1 and typed[0] == typed[-1] and typed[0] in "'\"":
         typed = typed[1:-1]  # a quoted path: the quotes are not part of it
-    path = Path(os.path.abspath(Path(typed or ".").expanduser()))
+    path = Path(os.path.normpath(run.host.cwd / Path(typed or ".").expanduser()))
     if not typed or typed.endswith(os.sep) or path.is_dir():
         found = await run.host.call("get_session", session=sid)
         path = path / _file_name(found["session"])

@@ -33,7 +33,9 @@ def cell_title(item: Item) -> str:
     """A cell on one line: icon, first line of code, status, duration."""
     icon = _STATUS_ICON.get(item.label, "?")
     code = fmt.first_line(item.text, CELL_TITLE_CODE_CHARS) or "(empty cell)"
-    took = f" {fmt.duration(item.duration_ms / 1000)}" if item.duration_ms is not None else ""
+    took = ""
+    if item.duration_ms is not None:
+        took = f" {fmt.duration(item.duration_ms / 1000):>{fmt.DURATION_CHARS}}"
     return f"{icon} {code}  [{item.label}{took}]"
 
 

@@ -33,10 +33,16 @@ def model_script() -> str:
 
 
 @pytest.fixture
-def fake_model(model_script: str) -> Iterator[FakeModelServer]:
+def extra_config() -> str:
+    """Top-level config.toml lines a test module adds (e.g. ``max_depth = 2``)."""
+    return ""
+
+
+@pytest.fixture
+def fake_model(model_script: str, extra_config: str) -> Iterator[FakeModelServer]:
     srv = FakeModelServer(model_script).start()
     write_config(
-        "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
+        extra_config + "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
         'default_model = "openai/fake"\n'
         f'[models."openai/fake"]\napi_base = "{srv.url}"\n'
         "input_cost_per_mtok = 1.0\noutput_cost_per_mtok = 2.0\n"

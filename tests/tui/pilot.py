@@ -4,7 +4,7 @@ state), never a fixed sleep."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from textual.pilot import Pilot
@@ -29,3 +29,18 @@ def screen_text(pilot: Pilot[None]) -> str:
     """What a person sees, as plain text (the app's current screen)."""
     strips = pilot.app.screen._compositor.render_strips()
     return "\n".join(strip.text.rstrip() for strip in strips)
+
+
+async def until_async(
+    pilot: Pilot[None],
+    predicate: Callable[[], Awaitable[bool]],
+    *,
+    timeout: float = UNTIL_TIMEOUT_S,
+    what: Callable[[], object] = lambda: None,
+) -> None:
+    """``until`` for a predicate that asks the daemon (awaited each round)."""
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out; state: {what()!r}\nscreen:\n{screen_text(pilot)}")
+        await pilot.pause(_STEP_S)

@@ -31,12 +31,14 @@ PLACEHOLDER: Final = "#"
 _UNIQUE_ID: Final = "prime-agent-snapshot"
 _TITLE: Final = "prime-agent"
 
-# Values that differ between two runs of the same test.
+# Values that differ between two runs of the same test. Durations and relative times take the
+# spaces in front of them: the TUI right-aligns them in fixed-width columns, so value plus
+# padding is the same width in every run.
 _VOLATILE: Final = (
     r"\bs-[a-z0-9]{8,}\b",  # session ids
-    r"\b\d+h \d\dm\b|\b\d+m \d\ds\b",  # long durations
-    r"\b\d+(?:\.\d+)?(?:ms|s)\b",  # short durations
-    r"just now|\b\d+[smhd] ago\b",  # relative times
+    r" *(?:\b\d+[dh] \d\d[hm]\b|\b\d+m \d\ds\b)",  # long durations
+    r" *\b\d+(?:\.\d+)?(?:ms|s)\b",  # short durations
+    r" *(?:just now|\b\d+[smhd] ago\b)",  # relative times
     r"\bpid \d+\b",
     r"\b\d+(?:\.\d+)? (?:B|KiB|MiB|GiB)\b",
     r"\b\d+(?:\.\d+)?%",

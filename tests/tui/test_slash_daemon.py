@@ -64,6 +64,10 @@ class Host:
         self.lines: list[tuple[str, bool]] = []
         self.opened: list[tuple[str, str | None]] = []
 
+    @property
+    def cwd(self) -> Path:
+        return Path.cwd()
+
     async def call(self, command_type: str, /, **fields: Any) -> Any:
         return await self.client.call(command_type, **fields)
 

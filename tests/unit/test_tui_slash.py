@@ -25,6 +25,10 @@ class Host:
         self.lines: list[tuple[str, bool]] = []
         self.opened: list[tuple[str, str | None]] = []
 
+    @property
+    def cwd(self) -> Path:
+        return Path.cwd()
+
     async def call(self, command_type: str, /, **fields: Any) -> Any:
         self.calls.append((command_type, fields))
         reply = self.replies.get(command_type, {})
