@@ -102,13 +102,17 @@ def usage_table(nodes: list[dict[str, Any]], width: int) -> Table:
     return table
 
 
-class UsageScreen(_Panel):
-    """The session tree's usage: own and total tokens, cost and time (get_usage)."""
+class _SessionPanel(_Panel):
+    """A panel about one session, showing the ``nodes`` it loaded from the daemon."""
 
     def __init__(self, session_id: str):
         super().__init__()
         self.session_id = session_id
         self.nodes: list[dict[str, Any]] = []
+
+
+class UsageScreen(_SessionPanel):
+    """The session tree's usage: own and total tokens, cost and time (get_usage)."""
 
     def compose(self) -> ComposeResult:
         yield Static(
@@ -130,13 +134,8 @@ class UsageScreen(_Panel):
         self.query_one("#usage-table", Static).update(table)
 
 
-class TreeScreen(_Panel):
+class TreeScreen(_SessionPanel):
     """The session's event tree (``tree``); Enter moves the leaf to the highlighted event."""
-
-    def __init__(self, session_id: str):
-        super().__init__()
-        self.session_id = session_id
-        self.nodes: list[dict[str, Any]] = []
 
     def compose(self) -> ComposeResult:
         yield Static(

@@ -9,6 +9,20 @@ from typing import Final
 
 from textual.pilot import Pilot
 
+from tui.app import PrimeAgentApp
+from tui.chat import ChatScreen
+
+# A scripted first step whose cell blocks until the test creates the file ``go`` in the
+# session's cwd: a turn that is reliably "running" for as long as a test needs.
+WAIT_FOR_GO = """
+text: Waiting for the go file.
+code:
+    import pathlib, time
+    while not pathlib.Path("go").exists():
+        time.sleep(0.05)
+    print("went")
+"""
+
 # Bounds, not expectations: a turn on a loaded 2-core machine starts a kernel gateway first.
 UNTIL_TIMEOUT_S: Final = 90.0
 _STEP_S: Final = 0.05
@@ -44,3 +58,15 @@ async def until_async(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; state: {what()!r}\nscreen:\n{screen_text(pilot)}")
         await pilot.pause(_STEP_S)
+
+
+async def chat_screen(pilot: Pilot[None], app: PrimeAgentApp) -> ChatScreen:
+    """The chat the app opened (once it has)."""
+    await until(pilot, lambda: isinstance(app.screen, ChatScreen))
+    assert isinstance(app.screen, ChatScreen)
+    return app.screen
+
+
+def texts(chat: ChatScreen, kind: str) -> list[str]:
+    """The transcript's texts of one kind ("user", "assistant", "cell", "notice", "error")."""
+    return [i.text for i in chat.transcript.items if i.kind == kind]

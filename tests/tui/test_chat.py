@@ -7,22 +7,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.testing import FakeModelServer
-from tests.tui.pilot import screen_text, until
+from tests.tui.pilot import WAIT_FOR_GO, chat_screen, screen_text, texts, until
 from tui.app import PrimeAgentApp
-from tui.chat import ChatScreen
 from tui.transcript_view import CellView
 
 SIZE = (100, 30)
-
-
-def _texts(chat: ChatScreen, kind: str) -> list[str]:
-    return [i.text for i in chat.transcript.items if i.kind == kind]
-
-
-async def _chat(pilot: object, app: PrimeAgentApp) -> ChatScreen:
-    await until(pilot, lambda: isinstance(app.screen, ChatScreen))  # type: ignore[arg-type]
-    assert isinstance(app.screen, ChatScreen)
-    return app.screen
 
 
 async def test_first_message_creates_a_session_streams_and_condenses_cells(
@@ -30,11 +19,11 @@ async def test_first_message_creates_a_session_streams_and_condenses_cells(
 ) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"compute six times seven", "enter")
         await until(pilot, lambda: chat.session_id is not None)
-        await until(pilot, lambda: "The answer is **42**." in _texts(chat, "assistant"))
-        assert _texts(chat, "user") == ["compute six times seven"]
+        await until(pilot, lambda: "The answer is **42**." in texts(chat, "assistant"))
+        assert texts(chat, "user") == ["compute six times seven"]
         assert chat.streamed > 0  # text arrived as deltas before the stored message
         # The cell is one line: first line of code, status, duration; collapsed.
         (cell,) = chat.query(CellView)
@@ -65,26 +54,22 @@ text: It failed.
 async def test_errors_are_shown_clearly(daemon: Path, project: Path) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"divide", "enter")
-        await until(pilot, lambda: "It failed." in _texts(chat, "assistant"))
+        await until(pilot, lambda: "It failed." in texts(chat, "assistant"))
         (cell,) = chat.query(CellView)
         assert cell.item.label == "error" and cell.has_class("failed")
         assert "ZeroDivisionError" in cell.item.output
         assert "✗ 1/0" in screen_text(pilot)
         await until(pilot, lambda: chat.row.get("status") == "idle")
         await pilot.press(*"again", "enter")
-        await until(pilot, lambda: any("upstream exploded" in t for t in _texts(chat, "error")))
+        await until(pilot, lambda: any("upstream exploded" in t for t in texts(chat, "error")))
         assert "✗ model: openai/fake" in screen_text(pilot)  # one red line, not a traceback
 
 
-STEERED = """
-text: Waiting for the go file.
-code:
-    import pathlib, time
-    while not pathlib.Path("go").exists():
-        time.sleep(0.05)
-    print("went")
+STEERED = (
+    WAIT_FOR_GO
+    + """
 ---
 when "steer this way":
     text: Steered.
@@ -92,6 +77,7 @@ when "steer this way":
 when "and then this":
     text: Followed up.
 """
+)
 
 
 @pytest.mark.parametrize("model_script", [STEERED])
@@ -100,20 +86,20 @@ async def test_enter_steers_a_running_turn_and_alt_enter_queues_a_follow_up(
 ) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"start", "enter")
         await until(pilot, lambda: any(c.item.label == "running" for c in chat.query(CellView)))
         assert chat.running
         await pilot.press(*"steer this way", "enter")
         await pilot.press(*"and then this", "alt+enter")
         (project / "go").write_text("")
-        await until(pilot, lambda: "Followed up." in _texts(chat, "assistant"))
-        assert _texts(chat, "assistant") == ["Waiting for the go file.", "Steered.", "Followed up."]
+        await until(pilot, lambda: "Followed up." in texts(chat, "assistant"))
+        assert texts(chat, "assistant") == ["Waiting for the go file.", "Steered.", "Followed up."]
         # The steer reached the model inside the first turn (after the cell), the follow-up
         # only after that turn ended.
         last = [r["messages"][-1]["content"] for r in fake_model.requests]
         assert "steer this way" in str(last[1]) and "and then this" in str(last[2])
-        assert _texts(chat, "user") == ["start", "steer this way", "and then this"]
+        assert texts(chat, "user") == ["start", "steer this way", "and then this"]
 
 
 SLOW = """
@@ -126,27 +112,27 @@ slow 120
 async def test_escape_aborts_the_turn(daemon: Path, project: Path) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"take your time", "enter")
         await until(pilot, lambda: chat.session_id is not None and chat.running)
         await pilot.press("escape")
-        await until(pilot, lambda: any("aborted" in t for t in _texts(chat, "notice")))
+        await until(pilot, lambda: any("aborted" in t for t in texts(chat, "notice")))
         await until(pilot, lambda: chat.row.get("status") == "idle")
 
 
 async def test_input_history_and_slash_completion_and_misuse(daemon: Path, project: Path) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         prompt = chat.query_one("#prompt")
         await pilot.press(*"/co", "tab")
         assert prompt.value == "/compact "  # type: ignore[attr-defined]
         # Misuse: one line saying what to do, and nothing is created.
         await pilot.press("enter")
-        errors = _texts(chat, "error")
+        errors = texts(chat, "error")
         assert len(errors) == 1 and "\n" not in errors[0] and "/compact" in errors[0]
         await pilot.press(*"/frobnicate", "enter")
-        assert len(_texts(chat, "error")) == 2 and chat.session_id is None
+        assert len(texts(chat, "error")) == 2 and chat.session_id is None
         listed = await app.link.call("list_sessions")
         assert listed["sessions"] == []
         # ↑/↓ walk what was sent, newest first.
@@ -180,7 +166,7 @@ repeat forever:
 async def test_subagents_are_listed_under_the_input(daemon: Path, project: Path) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"spawn two", "enter")
         await until(pilot, lambda: len(chat.children_rows) == 2)
         await until(

@@ -4,13 +4,12 @@ a new TUI finds them in the Agents View and replays what happened while none was
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.api import ControlClient
 from orchestrator.testing import FakeModelServer
-from tests.tui.pilot import screen_text, until
+from tests.tui.pilot import WAIT_FOR_GO, chat_screen, screen_text, texts, until
 from tui.agents import AgentsScreen, group_of
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
@@ -20,26 +19,13 @@ SIZE = (100, 30)
 TURN_TIMEOUT_S = 90.0
 
 # The cell waits for a file the test creates only after the TUI has quit.
-WAITS_FOR_GO = """
-text: Waiting for the go file.
-code:
-    import pathlib, time
-    while not pathlib.Path("go").exists():
-        time.sleep(0.05)
-    print("went")
+WAITS_FOR_GO = (
+    WAIT_FOR_GO
+    + """
 ---
 when "went": text: Finished while you were away.
 """
-
-
-def _texts(chat: ChatScreen, kind: str) -> list[str]:
-    return [i.text for i in chat.transcript.items if i.kind == kind]
-
-
-async def _chat(pilot: Any, app: PrimeAgentApp) -> ChatScreen:
-    await until(pilot, lambda: isinstance(app.screen, ChatScreen))
-    assert isinstance(app.screen, ChatScreen)
-    return app.screen
+)
 
 
 @pytest.mark.parametrize("model_script", [WAITS_FOR_GO], ids=["waits-for-go"])
@@ -48,7 +34,7 @@ async def test_quit_mid_turn_detaches_and_a_new_tui_shows_what_happened_meanwhil
 ) -> None:
     first = PrimeAgentApp(daemon, cwd=project)
     async with first.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, first)
+        chat = await chat_screen(pilot, first)
         await pilot.press(*"start", "enter")
         await until(pilot, lambda: any(c.item.label == "running" for c in chat.query(CellView)))
         assert chat.session_id is not None and chat.running
@@ -69,7 +55,7 @@ async def test_quit_mid_turn_detaches_and_a_new_tui_shows_what_happened_meanwhil
 
     second = PrimeAgentApp(daemon, cwd=project)
     async with second.run_test(size=SIZE) as pilot:
-        fresh = await _chat(pilot, second)
+        fresh = await chat_screen(pilot, second)
         assert fresh.session_id is None  # a new chat, not the old session's
         await pilot.press("left")
         await until(pilot, lambda: isinstance(second.screen, AgentsScreen))
@@ -86,9 +72,9 @@ async def test_quit_mid_turn_detaches_and_a_new_tui_shows_what_happened_meanwhil
         )
         reopened = second.screen
         assert isinstance(reopened, ChatScreen)
-        await until(pilot, lambda: "Finished while you were away." in _texts(reopened, "assistant"))
-        assert _texts(reopened, "user") == ["start"]
-        assert _texts(reopened, "assistant") == [
+        await until(pilot, lambda: "Finished while you were away." in texts(reopened, "assistant"))
+        assert texts(reopened, "user") == ["start"]
+        assert texts(reopened, "assistant") == [
             "Waiting for the go file.",
             "Finished while you were away.",
         ]
@@ -113,11 +99,11 @@ async def test_session_argument_opens_its_chat_with_the_history_replayed(
 
     app = PrimeAgentApp(daemon, cwd=project, session=sid)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         assert chat.session_id == sid and len(app.screen_stack) == 2  # straight in: no new chat
-        await until(pilot, lambda: "The answer is **42**." in _texts(chat, "assistant"))
-        assert _texts(chat, "user") == ["compute six times seven"]
-        assert _texts(chat, "assistant") == ["Let me compute.", "The answer is **42**."]
+        await until(pilot, lambda: "The answer is **42**." in texts(chat, "assistant"))
+        assert texts(chat, "user") == ["compute six times seven"]
+        assert texts(chat, "assistant") == ["Let me compute.", "The answer is **42**."]
         (cell,) = chat.query(CellView)
         assert cell.item.label == "ok" and cell.item.output.strip() == "42"
         assert chat.streamed == 0  # replayed from the store, nothing streamed

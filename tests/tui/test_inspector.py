@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from orchestrator.settings import SANDBOX_MEMORY_MIB
 from tests.helpers import pids_alive
-from tests.tui.pilot import screen_text, until
+from tests.tui.pilot import chat_screen, screen_text, texts, until
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
 from tui.inspector import InspectorScreen
@@ -54,10 +54,6 @@ ROW = r"^\s*{key}\s{{2,}}(?P<value>.+?)\s*$"
 DURATION = r"\d+(\.\d)?(ms|s)|\d+m \d\ds"
 
 
-def _texts(chat: ChatScreen, kind: str) -> list[str]:
-    return [i.text for i in chat.transcript.items if i.kind == kind]
-
-
 def _box(inspector: InspectorScreen) -> dict[str, Any]:
     return dict(inspector.answer.get("sandbox") or {})
 
@@ -82,17 +78,11 @@ def _hint(inspector: InspectorScreen) -> Text:
     return content
 
 
-async def _chat(pilot: Any, app: PrimeAgentApp) -> ChatScreen:
-    await until(pilot, lambda: isinstance(app.screen, ChatScreen))
-    assert isinstance(app.screen, ChatScreen)
-    return app.screen
-
-
 async def _first_turn(pilot: Any, app: PrimeAgentApp, text: str, reply: str) -> ChatScreen:
     """A new chat: send ``text``, wait for ``reply`` and for the session to be quiet."""
-    chat = await _chat(pilot, app)
+    chat = await chat_screen(pilot, app)
     await pilot.press(*text, "enter")
-    await until(pilot, lambda: reply in _texts(chat, "assistant"))
+    await until(pilot, lambda: reply in texts(chat, "assistant"))
     assert chat.session_id is not None
     await app.link.call("wait_quiet", session=chat.session_id)
     await until(pilot, lambda: chat.row.get("status") == "idle")
@@ -205,8 +195,8 @@ async def test_r_restarts_the_sandbox_and_the_namespace_survives(
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is chat)
         await pilot.press(*"is it still there", "enter")
-        await until(pilot, lambda: len(_texts(chat, "assistant")) == 2)
-        assert _texts(chat, "assistant") == ["Stored.", "Still there."]
+        await until(pilot, lambda: len(texts(chat, "assistant")) == 2)
+        assert texts(chat, "assistant") == ["Stored.", "Still there."]
         cells = list(chat.query(CellView))
         assert [c.item.output.strip() for c in cells] == ["stored", str(SECRET + 1)]
         assert "Still there." in screen_text(pilot)
@@ -218,7 +208,7 @@ async def test_r_restarts_the_sandbox_and_the_namespace_survives(
 async def test_r_during_a_turn_is_refused_with_one_red_line(daemon: Path, project: Path) -> None:
     app = PrimeAgentApp(daemon, cwd=project)
     async with app.run_test(size=SIZE) as pilot:
-        chat = await _chat(pilot, app)
+        chat = await chat_screen(pilot, app)
         await pilot.press(*"start", "enter")
         await until(pilot, lambda: any(c.item.label == "ok" for c in chat.query(CellView)))
         assert chat.session_id is not None and chat.running
@@ -273,7 +263,7 @@ async def test_inspector_of_a_docker_session(
     cwd = workspace(project)
     app = PrimeAgentApp(daemon, cwd=cwd)
     async with app.run_test(size=SIZE) as pilot:
-        await _chat(pilot, app)
+        await chat_screen(pilot, app)
         created = await app.link.call(
             "create_session", cwd=str(cwd), task="add them up", backend="docker"
         )
@@ -284,7 +274,7 @@ async def test_inspector_of_a_docker_session(
         )
         chat = app.screen
         assert isinstance(chat, ChatScreen)
-        await until(pilot, lambda: "Done." in _texts(chat, "assistant"))
+        await until(pilot, lambda: "Done." in texts(chat, "assistant"))
         await app.link.call("wait_quiet", session=sid)
         inspector = await _inspector(pilot, app)
         box = _box(inspector)

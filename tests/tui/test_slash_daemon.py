@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.api import ControlClient
 from orchestrator.testing import FakeModelServer
+from tests.slash_host import RecordingHost
 from tui.slash import run_slash
 
 # The first turn runs a cell and reports a large context (so /compact has something to
@@ -54,41 +55,16 @@ def fake_model(fake_model: FakeModelServer) -> FakeModelServer:
     return fake_model
 
 
-class Host:
+class Host(RecordingHost):
     """The chat's side of a slash command: calls go to the daemon; what it opens and says is
     recorded."""
 
     def __init__(self, client: ControlClient, session_id: str | None):
+        super().__init__(session_id)
         self.client = client
-        self.session_id = session_id
-        self.lines: list[tuple[str, bool]] = []
-        self.opened: list[tuple[str, str | None]] = []
-
-    @property
-    def cwd(self) -> Path:
-        return Path.cwd()
 
     async def call(self, command_type: str, /, **fields: Any) -> Any:
         return await self.client.call(command_type, **fields)
-
-    def open_agents(self, parent: str | None = None) -> None:
-        self.opened.append(("agents", parent))
-
-    def open_usage(self) -> None:
-        self.opened.append(("usage", None))
-
-    def open_tree(self) -> None:
-        self.opened.append(("tree", None))
-
-    def open_help(self) -> None:
-        self.opened.append(("help", None))
-
-    def open_session(self, session_id: str) -> None:
-        self.opened.append(("session", session_id))
-
-    def say(self, text: str, *, error: bool = False) -> None:
-        assert "\n" not in text
-        self.lines.append((text, error))
 
     async def run(self, text: str, *, error: bool = False) -> str:
         """Run one slash command; it must say exactly one line (an error when ``error``)."""

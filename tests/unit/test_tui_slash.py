@@ -12,22 +12,17 @@ from typing import Any
 import pytest
 
 from orchestrator.api import ApiCommandError, ConnectionClosed, protocol
+from tests.slash_host import RecordingHost
 from tui import slash
 
 
-class Host:
+class Host(RecordingHost):
     """A SlashHost that records what it was asked and answers ``call`` from ``replies``."""
 
     def __init__(self, session_id: str | None = "s-1", **replies: Any):
-        self.session_id = session_id
+        super().__init__(session_id)
         self.replies: dict[str, Any] = replies
         self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.lines: list[tuple[str, bool]] = []
-        self.opened: list[tuple[str, str | None]] = []
-
-    @property
-    def cwd(self) -> Path:
-        return Path.cwd()
 
     async def call(self, command_type: str, /, **fields: Any) -> Any:
         self.calls.append((command_type, fields))
@@ -35,25 +30,6 @@ class Host:
         if isinstance(reply, BaseException):
             raise reply
         return reply
-
-    def open_agents(self, parent: str | None = None) -> None:
-        self.opened.append(("agents", parent))
-
-    def open_usage(self) -> None:
-        self.opened.append(("usage", None))
-
-    def open_tree(self) -> None:
-        self.opened.append(("tree", None))
-
-    def open_help(self) -> None:
-        self.opened.append(("help", None))
-
-    def open_session(self, session_id: str) -> None:
-        self.opened.append(("session", session_id))
-
-    def say(self, text: str, *, error: bool = False) -> None:
-        assert "\n" not in text
-        self.lines.append((text, error))
 
 
 def run(text: str, host: Host) -> Host:
