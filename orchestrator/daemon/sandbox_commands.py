@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import E_BUSY, JsonObject, SandboxControl
-from orchestrator.daemon.tree_commands import loaded_family
+from orchestrator.daemon.tree_commands import quiet_family
 from orchestrator.errors import SandboxError, SandboxStartError, UserError
 from orchestrator.sandbox.base import Sandbox, SandboxInfo, SandboxRef
 from orchestrator.sessions.compaction import running_sandbox
@@ -149,14 +149,7 @@ async def sandbox_control(
     daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord, command: SandboxControl
 ) -> JsonObject:
     orch = daemon.orch
-    family = loaded_family(daemon, rec.id)
-    busy = [s.id for s in family if s.state == "running" or s.pending]
-    if busy:
-        raise ApiCommandError(
-            E_BUSY,
-            f"cannot {command.action} the sandbox of {rec.id} while {', '.join(busy[:3])} "
-            f"{'is' if len(busy) == 1 else 'are'} in a turn; wait for it or abort it",
-        )
+    family = quiet_family(daemon, rec.id, f"{command.action} the sandbox of")
     live = orch.sessions.get(rec.id)
     status = live.state if live is not None else rec.status
     if command.action == "restart" and status in TERMINAL_STATES:

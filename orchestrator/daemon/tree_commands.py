@@ -37,10 +37,12 @@ from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl,
 if TYPE_CHECKING:
     from orchestrator.daemon.handler import DaemonControl
 
-__all__ = ["branch", "copy", "import_file", "loaded_family", "tree_page"]
+__all__ = ["branch", "copy", "import_file", "loaded_family", "quiet_family", "tree_page"]
 
 # A rejected path is quoted back this far (it may be huge).
 _SHOWN_CHARS: Final = 200
+# A busy refusal names at most this many of the sessions it waits for.
+BUSY_SHOWN: Final = 3
 
 
 def _invalid(exc: UserError) -> ApiCommandError:
@@ -66,16 +68,23 @@ def loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
     return found
 
 
-async def branch(daemon: DaemonControl, rec: SessionRecord, command: Branch) -> JsonObject:
-    orch = daemon.orch
-    family = loaded_family(daemon, rec.id)
+def quiet_family(daemon: DaemonControl, session_id: str, doing: str) -> list[LiveSession]:
+    """The session's loaded family (``loaded_family``), or ``busy`` when one of them has a turn
+    running or input waiting: ``doing`` ("branch", "restart the sandbox of") says what waits."""
+    family = loaded_family(daemon, session_id)
     busy = [s.id for s in family if s.state == "running" or s.pending]
     if busy:
         raise ApiCommandError(
             E_BUSY,
-            f"session {rec.id} cannot branch while {', '.join(busy[:3])} "
-            f"{'is' if len(busy) == 1 else 'are'} running; wait for the turn or abort it",
+            f"cannot {doing} {session_id} while {', '.join(busy[:BUSY_SHOWN])} "
+            f"{'is' if len(busy) == 1 else 'are'} in a turn; wait for it or abort it",
         )
+    return family
+
+
+async def branch(daemon: DaemonControl, rec: SessionRecord, command: Branch) -> JsonObject:
+    orch = daemon.orch
+    quiet_family(daemon, rec.id, "branch")
     live = orch.sessions.get(rec.id)
     if live is not None:  # its context was built from the old leaf
         await orch.unload(live)
