@@ -179,7 +179,9 @@ class TreeScreen(_SessionPanel):
             line = f"{mark} {TREE_INDENT * level}{node['seq']:>4} {node.get('type', '')}"
             line += f"  {node.get('text', '')}"
             options.append(Option(Text(line), id=str(node["id"])))
-        self.query_one("#tree", OptionList).set_options(options)
+        tree_list = self.query_one("#tree", OptionList).set_options(options)
+        leaf = next((i for i, n in enumerate(nodes) if n.get("seq") == page.get("leaf_seq")), None)
+        tree_list.highlighted = leaf  # the cursor starts at the leaf
 
     def _hint(self, text: str, *, error: bool = False) -> None:
         style = "bold red" if error else "dim"
