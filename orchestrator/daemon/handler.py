@@ -544,9 +544,8 @@ class DaemonHandler(CommandHandler):
             name=name,
             budget=daemon.settings.session_token_budget,
             backend=choice.name,
+            refine=command.refine,
         )
-        if command.refine is not None and command.refine != live.record.refine_enabled:
-            live.record = await daemon.store.update_session(live.id, refine_enabled=command.refine)
         start = await _begin_run(daemon, live, policy, command)
         status = None
         if task or start is not None:

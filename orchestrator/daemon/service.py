@@ -45,6 +45,7 @@ from orchestrator.sessions.adoption import adopt_sandboxes, resume_interrupted_t
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator
+from orchestrator.sessions.redelivery import redeliver_pending
 from orchestrator.sessions.sandbox_records import SandboxRegistry
 from orchestrator.settings import Settings, load_settings
 from orchestrator.store.db import Store
@@ -241,7 +242,7 @@ class Daemon:
         # Messages accepted before a crash or stop and not yet in their recipient's history
         # (R4): each wakes its recipient, once. Before `ready`, so a client never sees the
         # recipient idle with its message still in the mailbox.
-        redelivered = await self._orch.redeliver_pending()
+        redelivered = await redeliver_pending(self._orch)
         if redelivered:
             log.info("redelivered %d queued agent message(s)", redelivered)
         # Turns the crash interrupted (marked above) continue, unless a message already did.

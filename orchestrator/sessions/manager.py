@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import ValidationError
-
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.control.autonomous import Autonomy
@@ -178,7 +176,10 @@ class Orchestrator:
         eager_sandbox: bool = True,
         name_for: Callable[[str], str] | None = None,
         backend: str | None = None,
+        refine: bool | None = None,
     ) -> LiveSession:
+        """A new session (and its driver; its sandbox starts now when ``eager_sandbox``).
+        ``refine``: whether it may /refine; None inherits the parent's, or the config's."""
         # A child runs on its parent's backend unless told otherwise.
         backend = backend or (parent.record.backend if parent else self.backend.name)
         if backend not in self.backends:
@@ -199,7 +200,11 @@ class Orchestrator:
             rlm_child_id=child_id_for(session_id) if parent else None,
             budget_tokens=budget,
             refine_enabled=(
-                parent.record.refine_enabled if parent else self.settings.harness.refine_enabled
+                refine
+                if refine is not None
+                else parent.record.refine_enabled
+                if parent
+                else self.settings.harness.refine_enabled
             ),
         )
         await self.store.create_session(record)
@@ -491,67 +496,6 @@ class Orchestrator:
             }
             await self.bus.put_message(dest.id, envelope)
         return self.submit(dest, Inbound(payload, mode=mode))
-
-    async def redeliver_pending(self) -> int:
-        """At start-up: submit every message a mailbox still holds, each once.
-
-        A message already recorded in its recipient's history (the crash came between the
-        commit and the ack) is only acked. The rest wake their recipient (loaded from the
-        store) in the order they were sent. Returns how many were submitted.
-        """
-        if self.bus is None:
-            return 0
-        submitted = 0
-        for session_id in await self.bus.sessions_with_messages():
-            try:
-                submitted += await self._redeliver(session_id)
-            except Exception:  # the messages stay in the mailbox for the next start
-                log.exception("could not redeliver the messages of %s", session_id)
-        return submitted
-
-    async def _redeliver(self, session_id: str) -> int:
-        assert self.bus is not None
-        messages = await self.bus.pending_messages(session_id)
-        record = await self.store.get_session(session_id)
-        if record is None or record.status == "deleted":
-            await self.bus.purge_messages(session_id)
-            return 0
-        ids = [str(m.get("id")) for m in messages]
-        # In memory first, then the store: an id leaves `inflight` only after its commit, so
-        # one that is in neither place (checked in this order) was never submitted here.
-        live = self.sessions.get(session_id)
-        queued = set(live.inflight) if live is not None else set()
-        recorded = await self.store.recorded_message_ids(session_id, ids)
-        fresh: list[tuple[UserMessagePayload, Literal["steer", "follow_up"]]] = []
-        for message_id, message in zip(ids, messages, strict=True):
-            if message_id in queued:
-                continue
-            if message_id in recorded:
-                await self.bus.ack_message(session_id, message_id)
-                continue
-            try:
-                payload = UserMessagePayload.model_validate(message.get("payload"))
-            except ValidationError:
-                log.error("dropping malformed mailbox message %s of %s", message_id, session_id)
-                await self.bus.ack_message(session_id, message_id)
-                continue
-            payload = payload.model_copy(update={"message_id": message_id})
-            fresh.append((payload, "steer" if message.get("mode") == "steer" else "follow_up"))
-        if not fresh:
-            return 0
-        if record.status in TERMINAL_STATES:
-            log.warning(
-                "dropping %d message(s) for %s, which is %s", len(fresh), session_id, record.status
-            )
-            for payload, _mode in fresh:
-                assert payload.message_id is not None
-                await self.bus.ack_message(session_id, payload.message_id)
-            return 0
-        live = await self.load_session(record)
-        for payload, mode in fresh:
-            self.submit(live, Inbound(payload, mode=mode))
-        log.info("redelivered %d message(s) to %s", len(fresh), session_id)
-        return len(fresh)
 
     def submit(self, live: LiveSession, item: Inbound) -> str:
         """Queue input for a session; return "delivered" (it starts a turn now) or "queued"."""
