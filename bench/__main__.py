@@ -95,6 +95,12 @@ def _docker(a: argparse.Namespace) -> dict[str, Any]:
     return bench_docker.run(a.quick)
 
 
+def _tui(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_tui
+
+    return bench_tui.run(a.quick)
+
+
 BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]] = {
     "overhead": ("per-tool-call harness overhead (50 trivial cells)", _overhead),
     "cold_start": ("cold start of prime-agent -p against the fake model", _cold_start),
@@ -105,6 +111,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]
     "family": ("subagent admission, host requests, message delivery", _family),
     "docker": ("docker backend: cold/warm start, per-cell overhead, idle memory", _docker),
     "daemon": ("daemon: -p through it, attach latency, events/s, RSS", _daemon),
+    "tui": ("TUI: transcript fold, replay render, streamed answer (no daemon)", _tui),
 }
 
 

@@ -38,9 +38,9 @@ CSS: Final = """
 .msg-notice { color: $text-muted; }
 .msg-error { color: $error; }
 .msg-assistant { margin: 0; padding: 0; }
-CellView { margin: 0; padding: 0; border: none; }
-CellView.failed CollapsibleTitle { color: $error; }
-CellView Contents { padding: 0 0 0 2; }
+CellView { margin: 0; padding: 0 1; background: $boost; }
+CellView:focus { background: $accent 30%; }
+CellView.failed { color: $error; }
 #agents-title, #inspector-title, .screen-title { height: 1; padding: 0 1; background: $boost; }
 #search { margin: 0 1; }
 #agents { height: 1fr; }

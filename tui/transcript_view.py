@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import ClassVar, Final
 
+from rich.console import Group
+from rich.markdown import Markdown as RichMarkdown
+from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Collapsible, Markdown, Static
+from textual.widgets import Static
 
 from tui import format as fmt
 from tui.transcript import Item, Transcript
@@ -17,6 +21,8 @@ __all__ = ["CellView", "TranscriptView", "cell_title"]
 
 # A condensed cell shows this much of its first line of code.
 CELL_TITLE_CODE_CHARS: Final = 60
+# An expanded cell's code and output are indented under its title: (top, right, bottom, left).
+CELL_BODY_INDENT: Final = (0, 0, 0, 4)
 _STATUS_ICON: Final = {
     "queued": "·",
     "running": "⟳",
@@ -39,33 +45,60 @@ def cell_title(item: Item) -> str:
     return f"{icon} {code}  [{item.label}{took}]"
 
 
-class CellView(Collapsible):
-    """A REPL cell: condensed to its title; expanded, the full code and output."""
+class CellView(Static, can_focus=True):
+    """A REPL cell: one line (▶ and its title) until expanded (Enter, a click, or Ctrl-O for
+    every cell), then its full code and output. One widget per cell: a replayed chat mounts
+    hundreds of them (bench/bench_tui.py)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("enter", "toggle_cell", "Expand", show=False)]
 
     def __init__(self, item: Item):
+        super().__init__(classes="cell")
         self.item = item
-        self._code = Static(classes="cell-code")
-        self._output = Static(classes="cell-output")
-        super().__init__(self._code, self._output, title=cell_title(item), collapsed=True)
+        self._collapsed = True
         self._shown = -1
-        self.set_class(item.label != "ok" and item.label not in ("queued", "running"), "failed")
+
+    @property
+    def title(self) -> str:
+        return cell_title(self.item)
+
+    @property
+    def collapsed(self) -> bool:
+        return self._collapsed
+
+    @collapsed.setter
+    def collapsed(self, value: bool) -> None:
+        if value != self._collapsed:
+            self._collapsed = value
+            self._shown = -1
+            self.sync()
+
+    @property
+    def failed(self) -> bool:
+        return self.item.label not in ("ok", "queued", "running")
 
     def on_mount(self) -> None:
         self.sync()
+
+    def action_toggle_cell(self) -> None:
+        self.collapsed = not self.collapsed
+
+    def on_click(self) -> None:
+        self.action_toggle_cell()
 
     def sync(self) -> None:
         item = self.item
         if item.version == self._shown:
             return
         self._shown = item.version
-        self.title = cell_title(item)
-        failed = item.label not in ("ok", "queued", "running")
-        self.set_class(failed, "failed")
-        self._code.update(Syntax(item.text or "", "python", theme="ansi_dark", word_wrap=True))
-        output = Text(item.output or "(no output yet)")
-        if failed:
-            output.stylize("red")
-        self._output.update(output)
+        self.set_class(self.failed, "failed")
+        head = Text(f"{'▶' if self._collapsed else '▼'} {self.title}")
+        if self._collapsed:
+            self.update(head)
+            return
+        output = Text(item.output or "(no output yet)", style="red" if self.failed else "")
+        code = Syntax(item.text or "", "python", theme="ansi_dark", word_wrap=True)
+        self.update(Group(head, Padding(code, CELL_BODY_INDENT), Padding(output, CELL_BODY_INDENT)))
 
 
 class _MessageView(Static):
@@ -93,35 +126,28 @@ class _MessageView(Static):
             self.update(Text(f"• {item.text}", style="dim"))
 
 
-class _AnswerView(Markdown):
-    """Assistant Markdown. Updates run one at a time, newest text last: Textual's
-    ``Markdown.update`` picks the blocks to replace when called, so two overlapping updates
-    (deltas arrive faster than a parse) could leave stale blocks on screen."""
+class _AnswerView(Static):
+    """Assistant text as Markdown. A Rich ``Markdown`` renderable in a ``Static``: one widget
+    per answer (Textual's ``Markdown`` widget mounts one per block, which made replaying a long
+    chat take seconds, bench/bench_tui.py), re-rendered as streamed text grows."""
 
     def __init__(self, item: Item):
-        super().__init__(item.text, classes="msg-assistant")
+        super().__init__(classes="msg-assistant")
         self.item = item
-        self._rendered = item.text
-        self._draining = False
+        self._rendered: str | None = None
+
+    def on_mount(self) -> None:
+        self.sync()
 
     def sync(self) -> None:
-        if self.item.text != self._rendered and not self._draining:
-            self._draining = True
-            self.run_worker(self._drain(), group="markdown")
-
-    async def _drain(self) -> None:
-        try:
-            while self.item.text != self._rendered:
-                text = self.item.text
-                await self.update(text)
-                self._rendered = text
-        finally:
-            self._draining = False
+        if self.item.text != self._rendered:
+            self._rendered = self.item.text
+            self.update(RichMarkdown(self.item.text))
 
     @property
     def settled(self) -> bool:
         """True when the screen shows the item's whole text."""
-        return not self._draining and self._rendered == self.item.text
+        return self._rendered == self.item.text
 
 
 def _view_for(item: Item) -> Widget:
