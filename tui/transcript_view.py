@@ -9,6 +9,7 @@ from rich.markdown import Markdown as RichMarkdown
 from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widget import Widget
@@ -17,10 +18,12 @@ from textual.widgets import Static
 from tui import format as fmt
 from tui.transcript import Item, Transcript
 
-__all__ = ["CellView", "TranscriptView", "cell_title"]
+__all__ = ["TRANSCRIPT_WIDGETS_MAX", "CellView", "TranscriptView", "cell_title"]
 
 # A condensed cell shows this much of its first line of code.
 CELL_TITLE_CODE_CHARS: Final = 60
+# At most this many transcript items have widgets; older ones are counted in a line on top.
+TRANSCRIPT_WIDGETS_MAX: Final = 400
 # An expanded cell's code and output are indented under its title: (top, right, bottom, left).
 CELL_BODY_INDENT: Final = (0, 0, 0, 4)
 _STATUS_ICON: Final = {
@@ -158,25 +161,64 @@ def _view_for(item: Item) -> Widget:
     return _MessageView(item)
 
 
-class TranscriptView(VerticalScroll):
-    """Mounts a widget per item and updates the ones that changed; follows the end."""
+def _visible(item: Item) -> bool:
+    """An answer with no text (a reply that only called the tool) takes no line."""
+    return not (item.kind == "assistant" and not item.text.strip() and not item.streaming)
 
-    def __init__(self, *, id: str | None = None):
+
+class TranscriptView(VerticalScroll):
+    """Mounts a widget per item and updates the ones that changed; follows the end.
+
+    At most ``limit`` items have widgets: a multi-day session's chat stays as quick to draw as
+    a short one. Older items lose theirs, and a line at the top says how many are not shown
+    (the whole history is in the store: ``prime-agent export``, ``/tree``)."""
+
+    def __init__(self, *, id: str | None = None, limit: int = TRANSCRIPT_WIDGETS_MAX):
         super().__init__(id=id)
+        self.limit = limit
         self._views: dict[int, Widget] = {}  # id(item) -> its widget
+        self._first = 0  # the index of the first transcript item that may have a widget
+        self._earlier = Static(classes="msg-notice")
+        self._earlier.display = False
+
+    def compose(self) -> ComposeResult:
+        yield self._earlier
+
+    @property
+    def hidden(self) -> int:
+        """How many transcript items (from the start) have no widget any more."""
+        return self._first
 
     def clear_views(self) -> None:
+        for view in self._views.values():
+            view.remove()
         self._views.clear()
-        self.remove_children()
+        self._first = 0
+        self._earlier.display = False
 
     def sync(self, transcript: Transcript) -> None:
         at_end = self.is_vertical_scroll_end or self.max_scroll_y == 0
+        items = transcript.items
+        if self._first > len(items):  # the transcript was replaced by a shorter one
+            self.clear_views()
+        shown = [i for i in range(self._first, len(items)) if _visible(items[i])]
+        if len(shown) > self.limit:
+            keep_from = shown[-self.limit]
+            for item in items[self._first : keep_from]:
+                dropped = self._views.pop(id(item), None)
+                if dropped is not None:
+                    dropped.remove()
+            self._first = keep_from
+            shown = shown[-self.limit :]
+            self._earlier.update(
+                Text(f"… {keep_from} earlier items not shown (prime-agent export has them all)")
+            )
+            self._earlier.display = True
         new: list[Widget] = []
-        for item in transcript.items:
+        for index in shown:
+            item = items[index]
             view = self._views.get(id(item))
             if view is None:
-                if item.kind == "assistant" and not item.text.strip() and not item.streaming:
-                    continue
                 view = _view_for(item)
                 self._views[id(item)] = view
                 new.append(view)
