@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["GROUPS", "AgentsScreen", "ComposeScreen", "group_of", "row_text"]
 
 GROUPS: Final = ("Running", "Idle", "Inactive")
+# The view lists at most this many sessions of its scope (the newest); the rest are counted.
+AGENTS_LIST_MAX: Final = 500
 NAME_MIN_CHARS: Final = 16
 # Width taken by everything on a row except the name: depth and backend (11), tokens (11),
 # cost (9), status (9), last activity (9), spaces and the list's scrollbar and padding.
@@ -110,6 +112,7 @@ class AgentsScreen(Screen[None]):
         self.parent_id = parent
         self.parent_name = parent_name
         self.rows: list[dict[str, Any]] = []
+        self.total = 0  # sessions in this scope, listed or not
         self.query_text = ""
         self._refreshing = False
 
@@ -134,15 +137,18 @@ class AgentsScreen(Screen[None]):
         if self._refreshing:
             return
         self._refreshing = True
+        scope: dict[str, Any] = (
+            {"roots_only": True} if self.parent_id is None else {"parent": self.parent_id}
+        )
         try:
-            listed = await self.tui.link.call("list_sessions")
+            listed = await self.tui.link.call("list_sessions", limit=AGENTS_LIST_MAX, **scope)
         except (ApiCommandError, ConnectionClosed) as exc:
             self._say(str(exc))
             return
         finally:
             self._refreshing = False
-        sessions = listed.get("sessions") or []
-        self.rows = [s for s in sessions if s.get("parent_id") == self.parent_id]
+        self.rows = list(listed.get("sessions") or [])
+        self.total = int(listed.get("total", len(self.rows)))
         self._draw()
 
     def visible_rows(self) -> list[dict[str, Any]]:
@@ -178,8 +184,9 @@ class AgentsScreen(Screen[None]):
         elif ids:
             options.highlighted = _index_of(options, ids[0])
         if not self.rows:
-            what = "no sessions yet" if self.parent_id is None else "no subagents"
-            self._say(what)
+            self._say("no sessions yet" if self.parent_id is None else "no subagents")
+        elif self.total > len(self.rows):
+            self._say(f"the newest {len(self.rows)} of {self.total} (prime-agent agents lists all)")
 
     def selected_id(self) -> str | None:
         options = self.query_one("#agents", OptionList)

@@ -193,9 +193,8 @@ class ChatScreen(Screen[None]):
         try:
             got = await link.call("get_session", session=self.session_id)
             self.row.update(got.get("session") or {})
-            listed = await link.call("list_sessions")
-            sessions = listed.get("sessions") or []
-            self.children_rows = [s for s in sessions if s.get("parent_id") == self.session_id]
+            listed = await link.call("list_sessions", parent=self.session_id)
+            self.children_rows = list(listed.get("sessions") or [])
             usage = await link.call("get_usage", session=self.session_id)
             nodes = usage.get("usage") or []
             self.usage = nodes[0] if nodes else {}

@@ -42,6 +42,7 @@ __all__ = [
     "E_UNKNOWN_COMMAND",
     "E_VERSION_MISMATCH",
     "HARNESS_LOG_MAX_ROWS",
+    "LIST_SESSIONS_LIMIT_MAX",
     "MAX_CAPABILITIES",
     "MAX_ID_CHARS",
     "MUTATING_COMMAND_TYPES",
@@ -110,6 +111,8 @@ MAX_API_BASE_CHARS = 2048
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
+# `list_sessions {limit}` at most: about 700 bytes a row keeps the answer under the line cap.
+LIST_SESSIONS_LIMIT_MAX = 1000
 # `get_session {recent}` returns at most this many of the newest events (as attach replays).
 RECENT_EVENTS_MAX = 1000
 # A hello listing more capabilities than this is a broken or hostile client.
@@ -221,9 +224,13 @@ class Ping(_Command):
 
 class ListSessions(_Command):
     type: Literal["list_sessions"] = "list_sessions"
-    # Filters (optional, so a client that sends neither talks to any version-1 daemon).
+    # Filters (optional, so a client that sends none talks to any version-1 daemon).
     roots_only: bool = False
     cwd: str | None = Field(default=None, min_length=1)
+    parent: Token | None = None  # only the direct children of this session id
+    # Only the newest ``limit`` matching sessions (by creation); the answer's ``total`` counts
+    # them all. Without it, every match (a very large store may exceed the line cap).
+    limit: int | None = Field(default=None, ge=1, le=LIST_SESSIONS_LIMIT_MAX)
 
 
 class GetSession(_Command):

@@ -261,7 +261,7 @@ class DaemonHandler(CommandHandler):
         await self.daemon.wait_ready()
         match command:
             case ListSessions():
-                return await self._list_sessions(command.roots_only, command.cwd)
+                return await self._list_sessions(command)
             case GetSession():
                 return await self._get_session(command.session, command.recent)
             case CreateSession():
@@ -473,13 +473,19 @@ class DaemonHandler(CommandHandler):
         store = self.daemon.store
         return build_usage_forest(await store.list_sessions(), await store.usage_summary())
 
-    async def _list_sessions(self, roots_only: bool, cwd: str | None) -> JsonObject:
+    async def _list_sessions(self, command: ListSessions) -> JsonObject:
         nodes = _flatten(await self._forest())
         last = await self.daemon.store.read(select_last_event_times)  # one query for all
+        matching = [
+            rec
+            for rec in await self.daemon.store.list_sessions()  # oldest first
+            if not (command.roots_only and rec.parent_id is not None)
+            and (command.cwd is None or rec.cwd == command.cwd)
+            and (command.parent is None or rec.parent_id == command.parent)
+        ]
+        chosen = matching[-command.limit :] if command.limit else matching
         rows = []
-        for rec in await self.daemon.store.list_sessions():
-            if (roots_only and rec.parent_id is not None) or (cwd is not None and rec.cwd != cwd):
-                continue
+        for rec in chosen:
             live = self.daemon.orch.sessions.get(rec.id)
             row = _session_dict(rec, live)
             when = last.get(rec.id)
@@ -492,7 +498,7 @@ class DaemonHandler(CommandHandler):
             if node is not None:
                 row["usage"] = {"own": node.own.as_dict(), "total": node.total.as_dict()}
             rows.append(row)
-        return {"sessions": rows}
+        return {"sessions": rows, "total": len(matching)}
 
     async def _get_session(self, selector: str, recent: int) -> JsonObject:
         rec = await self._record(selector)

@@ -229,7 +229,12 @@ async def test_list_sessions_rows_carry_activity_pending_and_last_activity(
         newest = (await client.call("get_session", session=sid, recent=1))["events"][-1]
         copy = (await client.call("clone", session=sid))["session"]
         listing = await client.call("list_sessions")
+        newest_only = await client.call("list_sessions", limit=1)
+        children = await client.call("list_sessions", parent=sid)
 
+    # `limit` keeps the newest matches and `total` counts them all; `parent` filters.
+    assert [r["id"] for r in newest_only["sessions"]] == [copy] and newest_only["total"] == 2
+    assert listing["total"] == 2 and children == {"sessions": [], "total": 0}
     row = _row(listing, sid)
     assert (row["activity"], row["pending"]) == ("idle", 0)
     assert row["last_activity"] == newest["ts"]
