@@ -141,7 +141,11 @@ class ChatScreen(Screen[None]):
         self._replayed = True
         held, self._held = self._held, []
         for pushed in held:
-            self._take(pushed)
+            # Stored events the replay already holds are dropped by cursor. Held deltas are
+            # dropped: they may belong to an answer the replay has whole, and streamed text is
+            # only ever a preview of a stored message.
+            if pushed.kind == "event":
+                self._take(pushed)
         self._redraw()
 
     @on(_Arrived)
