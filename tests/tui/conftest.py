@@ -27,6 +27,13 @@ usage in=150 out=6
 """
 
 
+@pytest.fixture(autouse=True)
+def plain_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the screens look like must not depend on the CI's environment (Textual honours
+    NO_COLOR when an app is created)."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
 @pytest.fixture
 def model_script() -> str:
     return DEFAULT_SCRIPT
