@@ -99,7 +99,16 @@ class PrimeAgentApp(App[None]):
             self.exit(return_code=1, message=exc.message)
             return
         self._link.lost = self._lost
-        await self.push_screen(ChatScreen(self.start_session))
+        session = self.start_session
+        if session is not None:  # an id, a unique id prefix or a name, as the CLI takes them
+            try:
+                found = await self._link.call("get_session", session=session)
+            except ApiError as exc:
+                self.failure = exc.message
+                self.exit(return_code=1, message=exc.message)
+                return
+            session = str(found["session"]["id"])
+        await self.push_screen(ChatScreen(session))
 
     async def on_unmount(self) -> None:
         if self._link is not None:

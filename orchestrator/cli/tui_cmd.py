@@ -13,8 +13,9 @@ from typing import Annotated
 
 import typer
 
+from orchestrator.api import ApiCommandError, request_sync
 from orchestrator.cli.common import guarded
-from orchestrator.cli.connect import require_daemon
+from orchestrator.cli.connect import daemon_error, require_daemon
 from orchestrator.errors import UserError
 
 __all__ = ["open_tui", "tui"]
@@ -36,6 +37,11 @@ def open_tui(
     if not workdir.is_dir():
         raise UserError(f"--cwd {workdir} is not a directory")
     require_daemon("the TUI")
+    if session is not None:  # a wrong name is a usage error, said before the screen changes
+        try:
+            request_sync("get_session", session=session)
+        except ApiCommandError as exc:
+            raise daemon_error(exc) from None
     from tui.app import run_tui
 
     return run_tui(

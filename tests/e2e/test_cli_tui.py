@@ -44,6 +44,25 @@ def _read_until(fd: int, needle: bytes, timeout: float) -> bytes:
     return seen
 
 
+def _spawn(args: list[str], cwd: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``prime-agent ARGS`` on a new pseudo-terminal (autostart on): the process and the
+    terminal's master side."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
+    env = dict(os.environ, TERM="xterm-256color", PRIME_AGENT_DAEMON_AUTOSTART="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    os.close(slave)
+    return proc, master
+
+
 @pytest.fixture
 def model() -> object:
     srv = FakeModelServer("text: hello from the model\n").start()
@@ -55,19 +74,7 @@ def model() -> object:
 def test_no_task_on_a_terminal_opens_the_tui_and_quitting_detaches(
     tmp_path: Path, model: object
 ) -> None:
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
-    env = dict(os.environ, TERM="xterm-256color", PRIME_AGENT_DAEMON_AUTOSTART="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator"],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
-    os.close(slave)
+    proc, master = _spawn([], tmp_path)
     try:
         seen = _read_until(master, b"new chat", SCREEN_TIMEOUT_S)
         assert b"Traceback" not in seen
@@ -80,6 +87,26 @@ def test_no_task_on_a_terminal_opens_the_tui_and_quitting_detaches(
     # The daemon it started is still there after the TUI quit.
     status = cli(["daemon", "status"])
     assert status.returncode == 0, status.stderr
+
+
+def _run_in_pty(args: list[str], cwd: Path, until: bytes) -> tuple[int, bytes]:
+    """``prime-agent ARGS`` on a pseudo-terminal until it printed ``until``, then to its end:
+    (exit code, what it printed)."""
+    proc, master = _spawn(args, cwd)
+    try:
+        seen = _read_until(master, until, SCREEN_TIMEOUT_S)
+        code = proc.wait(timeout=EXIT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return code, seen
+
+
+def test_tui_on_an_unknown_session_fails_in_one_line(tmp_path: Path, model: object) -> None:
+    said = b"no session matches 'no-such-session'"
+    code, seen = _run_in_pty(["tui", "no-such-session"], tmp_path, said)
+    assert code == 2 and b"Traceback" not in seen
 
 
 def test_tui_without_a_terminal_says_so_in_one_line() -> None:

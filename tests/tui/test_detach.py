@@ -112,3 +112,14 @@ async def test_session_argument_opens_its_chat_with_the_history_replayed(
         assert "compute six times seven" in text and "print(6 * 7)" in text
         await until(pilot, lambda: chat.row.get("status") == "idle")
         assert str(chat.row.get("name") or sid) in text.splitlines()[0]
+
+    # By name, as the CLI takes it; an unknown one ends the app with one line.
+    by_name = PrimeAgentApp(daemon, cwd=project, session="compute six times seven")
+    async with by_name.run_test(size=SIZE) as pilot:
+        chat = await chat_screen(pilot, by_name)
+        assert chat.session_id == sid
+    unknown = PrimeAgentApp(daemon, cwd=project, session="no-such-session")
+    async with unknown.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: unknown.failure is not None)
+    assert unknown.failure == "no session matches 'no-such-session'"
+    assert unknown.return_code == 1
