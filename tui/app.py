@@ -7,6 +7,7 @@ running, and the next app shows them again (detach/attach).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -165,5 +166,5 @@ def run_tui(
     app = PrimeAgentApp(socket_path, cwd=cwd, session=session, model=model, backend=backend)
     app.run()
     if app.failure is not None:
-        print(f"prime-agent: {app.failure}")
+        print(f"prime-agent: {app.failure}", file=sys.stderr)
     return app.return_code or 0

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from orchestrator.api import ApiCommandError, ConnectionClosed
+# The protocol's limits are checked here too, so that a too-long argument is a one-line
+# misuse rather than the client's multi-line validation error.
+from orchestrator.api import (
+    COMPACT_INSTRUCTIONS_MAX_CHARS,
+    GOAL_OBJECTIVE_MAX_CHARS,
+    MAX_ID_CHARS,
+    REFINE_INSTRUCTIONS_MAX_CHARS,
+    SCHEDULE_PROMPT_MAX_CHARS,
+    ApiCommandError,
+    ConnectionClosed,
+)
 from tui import format as fmt
 
 __all__ = ["COMMANDS", "SlashHost", "SlashSpec", "complete", "is_slash", "run_slash"]
@@ -27,17 +37,9 @@ HEARTBEAT_ACTIONS: Final = ("status", "pause", "resume", "stop")
 HEARTBEAT_EVERY: Final = "every"
 AUTONOMOUS_ACTIONS: Final = ("on", "off", "status")
 ROLLBACK_WORD: Final = "rollback"
-MS_PER_S: Final = 1000
 BUDGET_FLAG: Final = "--budget"
 API_BASE_FLAG: Final = "--api-base"
 EXPORT_SUFFIX: Final = ".jsonl"
-# The protocol's limits (orchestrator/api/protocol.py; a unit test pins them): checked here so
-# that a too-long argument is a one-line misuse, not the client's validation error.
-MAX_ID_CHARS: Final = 128
-COMPACT_INSTRUCTIONS_MAX_CHARS: Final = 4000
-REFINE_INSTRUCTIONS_MAX_CHARS: Final = 4000
-GOAL_OBJECTIVE_MAX_CHARS: Final = 4000
-SCHEDULE_PROMPT_MAX_CHARS: Final = 16_000
 # A session name made into a file name: anything but letters, digits, '.', '_', '-' becomes '-'.
 UNSAFE_FILE_CHARS: Final = re.compile(r"[^\w.-]+")
 # The first word of a slash command: '/' and letters (so "/usr/bin is gone" is a message).
@@ -327,7 +329,7 @@ async def _model(run: _Run) -> None:
 
 
 def _from_ms(ms: float) -> str:
-    return fmt.duration(ms / MS_PER_S)
+    return fmt.duration(ms / fmt.MS_PER_S)
 
 
 def _autonomous_line(state: dict[str, Any]) -> str:

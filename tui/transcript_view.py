@@ -147,11 +147,6 @@ class _AnswerView(Static):
             self._rendered = self.item.text
             self.update(RichMarkdown(self.item.text))
 
-    @property
-    def settled(self) -> bool:
-        """True when the screen shows the item's whole text."""
-        return self._rendered == self.item.text
-
 
 def _view_for(item: Item) -> Widget:
     if item.kind == "cell":

@@ -55,17 +55,14 @@ def _cells(segments: Iterable[Segment]) -> list[tuple[str, Style | None]]:
     return out
 
 
-def _normalized_line(segments: Iterable[Segment], extra: re.Pattern[str] | None) -> list[Segment]:
+def _normalized_line(segments: Iterable[Segment]) -> list[Segment]:
     cells = _cells(segments)
     text = "".join(char for char, _ in cells)
-    for pattern in (_PATTERN, extra):
-        if pattern is None:
-            continue
-        for match in pattern.finditer(text):
-            start, end = match.span()
-            style = cells[start][1]
-            for i in range(start, end):
-                cells[i] = (PLACEHOLDER, style)
+    for match in _PATTERN.finditer(text):
+        start, end = match.span()
+        style = cells[start][1]
+        for i in range(start, end):
+            cells[i] = (PLACEHOLDER, style)
     merged: list[Segment] = []
     for char, style in cells:
         if merged and merged[-1].style == style:
@@ -75,15 +72,14 @@ def _normalized_line(segments: Iterable[Segment], extra: re.Pattern[str] | None)
     return merged
 
 
-def render_svg(pilot: Pilot[None], *, hide: Iterable[str] = ()) -> tuple[str, str]:
-    """The current screen as (SVG, plain text), volatile values (and ``hide``) masked."""
+def render_svg(pilot: Pilot[None]) -> tuple[str, str]:
+    """The current screen as (SVG, plain text), volatile values masked."""
     app = pilot.app
     for field in app.screen.query(Input):
         field.cursor_blink = False  # a blinking cursor would be caught half the time
-    extra = re.compile("|".join(re.escape(h) for h in hide)) if hide else None
     width, height = app.size
     strips = app.screen._compositor.render_strips()
-    lines = [_normalized_line(strip, extra) for strip in strips]
+    lines = [_normalized_line(strip) for strip in strips]
     console = Console(
         width=width,
         height=height,
@@ -111,10 +107,10 @@ def _text_of(svg: str) -> str:
     return "\n".join(r.replace("&#160;", " ") for r in runs)
 
 
-async def assert_snapshot(pilot: Pilot[None], name: str, *, hide: Iterable[str] = ()) -> None:
+async def assert_snapshot(pilot: Pilot[None], name: str) -> None:
     """Compare the screen with ``snapshots/<name>.svg`` (see the module docstring)."""
     await pilot.pause()
-    svg, text = render_svg(pilot, hide=hide)
+    svg, text = render_svg(pilot)
     path = SNAPSHOT_DIR / f"{name}.svg"
     if os.environ.get(UPDATE_ENV) == "1" or not path.exists():
         if os.environ.get(UPDATE_ENV) != "1":

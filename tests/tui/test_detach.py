@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.api import ControlClient
 from orchestrator.testing import FakeModelServer
+from tests.helpers import cli
 from tests.tui.pilot import WAIT_FOR_GO, chat_screen, screen_text, texts, until
 from tui.agents import AgentsScreen, group_of
 from tui.app import PrimeAgentApp
@@ -123,3 +124,15 @@ async def test_session_argument_opens_its_chat_with_the_history_replayed(
         await until(pilot, lambda: unknown.failure is not None)
     assert unknown.failure == "no session matches 'no-such-session'"
     assert unknown.return_code == 1
+
+
+async def test_a_daemon_that_goes_away_ends_the_tui_with_one_line(
+    daemon: Path, project: Path
+) -> None:
+    app = PrimeAgentApp(daemon, cwd=project)
+    async with app.run_test(size=SIZE) as pilot:
+        await chat_screen(pilot, app)
+        stopped = cli(["daemon", "stop"])
+        assert stopped.returncode == 0, stopped.stderr
+        await until(pilot, lambda: app.failure is not None)
+    assert app.failure == "the daemon closed the connection" and app.return_code == 1

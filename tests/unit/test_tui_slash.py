@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.api import ApiCommandError, ConnectionClosed, protocol
+from orchestrator.api import ApiCommandError, ConnectionClosed
 from tests.slash_host import RecordingHost
 from tui import slash
 
@@ -66,14 +66,6 @@ def test_the_command_table() -> None:
     assert set(by_name["heartbeat"].subwords) == {"every", "status", "pause", "resume", "stop"}
     assert by_name["autonomous"].subwords == ("on", "off", "status")
     assert by_name["refine"].subwords == ("rollback",)
-
-
-def test_limits_are_the_protocols() -> None:
-    assert slash.MAX_ID_CHARS == protocol.MAX_ID_CHARS
-    assert slash.COMPACT_INSTRUCTIONS_MAX_CHARS == protocol.COMPACT_INSTRUCTIONS_MAX_CHARS
-    assert slash.REFINE_INSTRUCTIONS_MAX_CHARS == protocol.REFINE_INSTRUCTIONS_MAX_CHARS
-    assert slash.GOAL_OBJECTIVE_MAX_CHARS == protocol.GOAL_OBJECTIVE_MAX_CHARS
-    assert slash.SCHEDULE_PROMPT_MAX_CHARS == protocol.SCHEDULE_PROMPT_MAX_CHARS
 
 
 @pytest.mark.parametrize(
