@@ -65,6 +65,13 @@ IS_ALIVE_TIMEOUT_S = 2.0  # a liveness probe that takes longer is a no
 # After an execute_reply, how long the matching iopub idle may lag before we stop waiting.
 IDLE_AFTER_REPLY_S = 1.0
 KERNEL_READY_TIMEOUT_S = 60.0
+# After a timed-out cell was interrupted, the kernel kills the copies of itself the cell forked
+# (they ignore or outlive the interrupt). The window reaches this far before the cell's start
+# (clock-tick rounding; the host's and the kernel's clocks are read at different moments).
+FORKED_COPIES_MARGIN_S = 1.0
+_KILL_COPIES_EXPR = (
+    "__import__('orchestrator.sandbox.proctree', fromlist=['_']).kill_forked_copies({window:.3f})"
+)
 
 _Outcome = Literal["done", "gone", "timeout"]
 
@@ -523,25 +530,52 @@ class KernelGatewayClient:
             if outcome == "gone":
                 return await self._after_death(pending, elapsed_ms)
             if outcome == "done":
-                return self._finish(
-                    pending,
-                    elapsed_ms(),
-                    status="timeout",
-                    notice=f"cell timed out after {timeout_s:g} s and was interrupted; "
-                    "the namespace is kept.",
-                )
+                notice = f"cell timed out after {timeout_s:g} s and was interrupted; "
+                self._pending = None
+                copies = await self._kill_forked_copies(elapsed_ms(), interrupt_grace_s)
+                if copies is not None:
+                    if copies:
+                        notice += f"{copies} forked copies of the kernel it left were killed; "
+                    return self._finish(
+                        pending,
+                        elapsed_ms(),
+                        status="timeout",
+                        notice=notice + "the namespace is kept.",
+                    )
+                reason = "its forked processes could not be cleaned up"
+            else:
+                reason = f"it did not stop within {interrupt_grace_s:g} s of an interrupt"
         finally:
             self._pending = None
-        # It ignored the interrupt: restart (namespace lost).
+        # It ignored the interrupt, or left processes we cannot reach from the kernel: restart
+        # (the gateway kills everything the old kernel left; the namespace is lost).
         await self.restart()
         return collector.result(
             "timeout",
             duration_ms=elapsed_ms(),
             kernel_restarted=True,
-            notice=f"cell timed out after {timeout_s:g} s and did not stop within "
-            f"{interrupt_grace_s:g} s of an interrupt; the kernel was restarted and the "
-            "namespace is lost.",
+            notice=f"cell timed out after {timeout_s:g} s and {reason}; the kernel was "
+            "restarted and the namespace is lost.",
         )
+
+    async def _kill_forked_copies(self, elapsed_ms: float, timeout_s: float) -> int | None:
+        """Have the kernel kill the copies of itself forked during the cell that just ended;
+        how many (None when the kernel could not do it in time)."""
+        window = elapsed_ms / 1000.0 + FORKED_COPIES_MARGIN_S
+        try:
+            reply = await self.run_silent(
+                "",
+                user_expressions={"copies": _KILL_COPIES_EXPR.format(window=window)},
+                timeout_s=timeout_s,
+            )
+            value = reply["user_expressions"]["copies"]
+            if value.get("status") != "ok":
+                log.warning("kernel %s: killing forked copies failed: %s", self.kernel_id, value)
+                return None
+            return int(value["data"]["text/plain"])
+        except (SandboxError, KeyError, TypeError, ValueError) as exc:
+            log.warning("kernel %s: killing forked copies failed: %s", self.kernel_id, exc)
+            return None
 
     def _finish(
         self, pending: _Pending, duration_ms: float, *, status: str = "", notice: str = ""

@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,8 @@ KERNEL_RESTARTER_POLL_S = 0.5
 # end. The default (5 s) made every restart of a cell that ignores interrupts cost ~3 s; a
 # healthy kernel exits within ~0.1 s of the request.
 KERNEL_SHUTDOWN_WAIT_S = 1.0
-SWEEP_ROUNDS = 5  # kill-all passes on exit (a forking process can add members mid-sweep)
 LOG_LEVEL = "WARN"
+SWEEPING_KERNEL_MANAGER = "orchestrator.sandbox.gateway_kernel.SweepingKernelManager"
 DEFAULT_IP = "127.0.0.1"
 RELAY_LISTEN_HOST = "127.0.0.1"
 PR_SET_PDEATHSIG = 1
@@ -270,11 +271,9 @@ def _reap_orphans(app: Any) -> None:
 
 
 def _sweep_descendants() -> None:
-    from orchestrator.sandbox.proctree import descendants, kill_all
+    from orchestrator.sandbox.proctree import sweep_descendants
 
-    for _ in range(SWEEP_ROUNDS):
-        if not kill_all(descendants(os.getpid()), signal.SIGKILL):
-            break
+    sweep_descendants(os.getpid())
 
 
 def _make_app(
@@ -335,6 +334,11 @@ def _make_app(
     cfg.ZMQChannelsWebsocketConnection.limit_rate = False
     cfg.KernelRestarter.time_to_dead = KERNEL_RESTARTER_POLL_S
     cfg.KernelManager.shutdown_wait_time = KERNEL_SHUTDOWN_WAIT_S
+    # A kernel that stops (restart, death, shutdown) takes everything it left behind with it.
+    # (jupyter_server warns that the class does not derive from its ServerKernelManager; the
+    # gateway's own default does not either.)
+    warnings.filterwarnings("ignore", "KernelManager class", FutureWarning)
+    cfg.SeedingMappingKernelManager.kernel_manager_class = SWEEPING_KERNEL_MANAGER
     # Kernel cwd: the host POSTs "path" = the session cwd relative to "/".
     cfg.MappingKernelManager.root_dir = "/"
     app = PrimeGatewayApp(config=cfg)

@@ -15,8 +15,8 @@ Layout (docs/images.md):
   locally or be pullable; otherwise the build is skipped with a one-line reason.
 
 Every image carries the label ``SOURCE_HASH_LABEL``: a hash of the files that run inside it
-(gateway_main, relay, proctree, runtime, the Dockerfiles). ``ensure_image`` rebuilds when it
-differs, so tests never run against a stale image.
+(gateway_main, gateway_kernel, relay, proctree, runtime, the Dockerfiles). ``ensure_image``
+rebuilds when it differs, so tests never run against a stale image.
 
 Sessions name their image (``Settings.sandbox.image``, ``SandboxSpec.image``) as ``session``,
 ``rust``, ``cuda`` or any image tag; ``resolve_image`` turns a name into a tag.
@@ -112,6 +112,7 @@ BUILD_TIMEOUT_S = 1800  # a docker build or pull (a CUDA base is several GB)
 # Files whose content ends up running inside the image.
 _HASHED_SOURCES = (
     "orchestrator/sandbox/gateway_main.py",
+    "orchestrator/sandbox/gateway_kernel.py",
     "orchestrator/sandbox/relay.py",
     "orchestrator/sandbox/proctree.py",
     "orchestrator/runtime",

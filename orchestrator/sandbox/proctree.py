@@ -2,7 +2,8 @@
 
 Stdlib only and cheap to import: ``gateway_main`` uses it to sweep its descendants on the way
 out and to reap orphans it adopted as a child subreaper; ``local`` uses it as the host-side
-backstop that makes ``stop()`` leave nothing behind.
+backstop that makes ``stop()`` leave nothing behind; the kernel runs ``kill_forked_copies`` after
+a cell that timed out (see ``gateway.KernelConnection.execute``).
 
 A pid is identified by (pid, start time) so that a sweep never signals a process that reused
 the pid of one that already exited.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -26,8 +28,10 @@ __all__ = [
     "descendants",
     "is_running",
     "kill_all",
+    "kill_forked_copies",
     "read_proc",
     "started_at",
+    "sweep_descendants",
     "tree_usage",
 ]
 
@@ -37,6 +41,8 @@ PROC = "/proc"
 _CPU_FIELDS: Final = (11, 12, 13, 14)
 _RSS_FIELD: Final = 21
 _BOOT_TIME_KEY: Final = "btime"
+_START_FIELD: Final = 19
+SWEEP_ROUNDS: Final = 5  # kill passes: a forking process can add members mid-sweep
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,11 @@ def read_proc(pid: int) -> ProcInfo | None:
         return None
     try:
         return ProcInfo(
-            pid=pid, ppid=int(rest[1]), pgid=int(rest[2]), state=rest[0], start_time=int(rest[19])
+            pid=pid,
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            state=rest[0],
+            start_time=int(rest[_START_FIELD]),
         )
     except (IndexError, ValueError):
         return None
@@ -154,6 +164,18 @@ def kill_all(procs: list[ProcInfo], sig: int) -> int:
     return sent
 
 
+def sweep_descendants(pid: int) -> int:
+    """SIGKILL every descendant of ``pid`` (a few passes, for one that forks meanwhile);
+    return how many were killed."""
+    killed: set[int] = set()
+    for _ in range(SWEEP_ROUNDS):
+        found = descendants(pid)
+        if not kill_all(found, signal.SIGKILL):
+            break
+        killed.update(info.pid for info in found if info.state != "Z")
+    return len(killed)
+
+
 def tree_usage(pid: int) -> ProcUsage | None:
     """CPU seconds and RSS of ``pid`` and its descendants (None when ``pid`` is gone). A live
     process's CPU time counts its reaped children's too (cutime, cstime), so a short-lived
@@ -186,3 +208,57 @@ def started_at(info: ProcInfo) -> datetime | None:
     except (OSError, StopIteration, IndexError, ValueError):
         return None
     return datetime.fromtimestamp(boot + info.start_time / os.sysconf("SC_CLK_TCK"), UTC)
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def _uptime_ticks() -> int | None:
+    try:
+        with open(f"{PROC}/uptime") as fh:
+            return int(float(fh.read().split()[0]) * os.sysconf("SC_CLK_TCK"))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_forked_copies(started_within_s: float) -> int:
+    """SIGKILL the copies of this process that ``fork()`` made in the last ``started_within_s``
+    seconds; return how many were killed.
+
+    A copy is a process with this process's exact command line (a fork without exec keeps it;
+    a kernel's includes its unique connection file) that started inside the window: a fork bomb
+    or fork-started workers of the cell that timed out, still running after the interrupt
+    stopped the kernel itself. Copies made before the window (a pool from an earlier cell) are
+    left alone. Copies that are our children are reaped here; the rest were adopted by the
+    gateway, which reaps them.
+    """
+    me = os.getpid()
+    mine = _cmdline(me)
+    now = _uptime_ticks()
+    if mine is None or now is None:
+        return 0
+    since = now - int(started_within_s * os.sysconf("SC_CLK_TCK"))
+    killed: set[int] = set()
+    children_killed: set[int] = set()
+    for _ in range(SWEEP_ROUNDS):
+        copies = [
+            info
+            for info in _all()
+            if info.pid != me
+            and info.state != "Z"
+            and info.start_time >= since
+            and _cmdline(info.pid) == mine
+        ]
+        if not kill_all(copies, signal.SIGKILL):
+            break
+        killed.update(info.pid for info in copies)
+        children_killed.update(info.pid for info in copies if info.ppid == me)
+    for pid in children_killed:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return len(killed)

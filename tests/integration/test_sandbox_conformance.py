@@ -120,6 +120,92 @@ async def test_timeout_interrupts_and_keeps_the_namespace(
         await sb.stop()
 
 
+# A cell that polls, inside the sandbox, until none of ``pids`` runs (gone or a zombie), then
+# shows those still running: the pids are the sandbox's own (a container has its own).
+_STILL_RUNNING = """
+import time
+def _running(pid):
+    try:
+        return open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+_deadline = time.monotonic() + {deadline}
+while any(_running(p) for p in {pids}) and time.monotonic() < _deadline:
+    time.sleep(0.05)
+[p for p in {pids} if _running(p)]
+"""
+GONE_DEADLINE_S = 10.0  # a SIGKILL takes effect when its target next runs
+
+
+async def _still_running(sb: object, pids: list[int]) -> str:
+    from orchestrator.sandbox.base import Sandbox
+
+    assert isinstance(sb, Sandbox)
+    code = _STILL_RUNNING.format(pids=pids, deadline=GONE_DEADLINE_S)
+    r = await sb.execute(code, timeout_s=GONE_DEADLINE_S * 2, cell_id="gone")
+    assert r.status == "ok", r
+    return r.result
+
+
+async def test_forked_copies_that_outlive_the_interrupt_are_killed(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    # R9: the interrupt stops the kernel, but copies it forked (a fork bomb's, or fork-started
+    # workers) ignore it. They are killed; the kernel and its namespace stay.
+    sb = await backend.create(_spec(tmp_path, "copies"))
+    code = (
+        "import os, signal, time\n"
+        "copy_pids = []\n"
+        "for _ in range(3):\n"
+        "    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        while True: time.sleep(1)\n"
+        "    signal.signal(signal.SIGINT, previous)\n"
+        "    copy_pids.append(pid)\n"
+        "print(*copy_pids, flush=True)\n"
+        "while True: time.sleep(1)\n"
+    )
+    try:
+        await sb.execute("kept = 5", timeout_s=30, cell_id="a")
+        r = await sb.execute(code, timeout_s=1.0, cell_id="b")
+        assert r.status == "timeout" and not r.kernel_restarted, r
+        assert "3 forked copies of the kernel it left were killed" in r.notice
+        assert "namespace is kept" in r.notice
+        copies = [int(pid) for pid in r.stdout.split()]
+        assert len(copies) == 3
+        assert await _still_running(sb, copies) == "[]"
+        after = await sb.execute("kept, len(copy_pids)", timeout_s=30, cell_id="c")
+        assert after.result == "(5, 3)"
+    finally:
+        await sb.stop()
+
+
+async def test_a_restart_kills_what_the_old_kernel_left(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    # A cell that ignores the interrupt gets its kernel restarted; a process it started that
+    # left the kernel's process group (so a group signal misses it) goes with the old kernel.
+    sb = await backend.create(_spec(tmp_path, "leftover"))
+    code = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.setsid()\n"
+        "    os.execvp('sleep', ['sleep', '600'])\n"
+        "print(pid, flush=True)\n"
+        "while True: time.sleep(1)\n"
+    )
+    try:
+        r = await sb.execute(code, timeout_s=1.0, cell_id="a")
+        assert r.status == "timeout" and r.kernel_restarted, r
+        escaped = int(r.stdout.split()[0])
+        assert await _still_running(sb, [escaped]) == "[]"
+    finally:
+        await sb.stop()
+
+
 async def test_stop_leaves_nothing(backend: SandboxBackend, tmp_path: Path) -> None:
     sb = await backend.create(_spec(tmp_path, "stop"))
     await sb.execute(
