@@ -274,10 +274,9 @@ def _run(
     no_refine: bool = False,
     controls: Controls | None = None,
 ) -> int:
+    # Only what both paths need: a run through the daemon must not pay for importing the
+    # session stack (~0.5 s of the CLI's start) it does not use.
     from orchestrator.cli.daemon import daemon_info
-    from orchestrator.models.lite import preload_in_background
-    from orchestrator.models.registry import resolve_model
-    from orchestrator.sessions.runner import RunOptions, run_session
     from orchestrator.settings import load_settings
 
     paths = Paths.from_env()
@@ -308,6 +307,10 @@ def _run(
             )
         # A running daemon owns the database: go through it (same output, same exit codes).
         return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings, controls)
+    from orchestrator.models.lite import preload_in_background
+    from orchestrator.models.registry import resolve_model
+    from orchestrator.sessions.runner import RunOptions, run_session
+
     # Resolve before starting anything: a bad model or missing key is a one-line error.
     resolved = resolve_model(model_sel, settings, api_base=api_base)
     preload_in_background()

@@ -3,7 +3,7 @@
 Stdlib only and cheap to import: ``gateway_main`` uses it to sweep its descendants on the way
 out and to reap orphans it adopted as a child subreaper; ``local`` uses it as the host-side
 backstop that makes ``stop()`` leave nothing behind; the kernel runs ``kill_forked_copies`` after
-a cell that timed out (see ``gateway.KernelConnection.execute``).
+a cell that timed out (see ``gateway.KernelGatewayClient.execute``).
 
 A pid is identified by (pid, start time) so that a sweep never signals a process that reused
 the pid of one that already exited.

@@ -29,6 +29,8 @@ from tests.integration.test_family import THREE_CHILDREN
 # Bounds, not expectations: a loaded machine starts a daemon and a kernel in several seconds.
 TURN_TIMEOUT_S = 90.0
 DETACH_TIMEOUT_S = 15.0
+# The CLI with the interpreter listing every module it imports (on stderr).
+IMPORT_TIMES = (sys.executable, "-X", "importtime", "-m", "orchestrator")
 FAST_RETRIES = "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
 
 SESSION_SCRIPT = """
@@ -300,8 +302,25 @@ def test_continue_and_resume(
     project.mkdir()
     started = cli(["daemon", "start"])
     assert started.returncode == 0, started.stderr
-    first = cli(["-p", "remember 7", "--model", "openai/fake"], cwd=project)
+    # Through the running daemon, without importing the in-process session stack (half a
+    # second of the CLI's start; docs/benchmarks.md): the interpreter lists what it imported.
+    first = subprocess.run(
+        [*IMPORT_TIMES, "-p", "remember 7", "--model", "openai/fake"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        cwd=project,
+        timeout=TURN_TIMEOUT_S,
+        check=False,
+    )
     assert first.returncode == 0 and first.stdout == "noted 7\n", first.stderr
+    imported = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in first.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    assert "orchestrator.cli.via_daemon" in imported
+    assert not imported & {"orchestrator.sessions.runner", "litellm", "orchestrator.store.db"}
 
     # --continue: the newest session of this directory, with its history.
     cont = cli(["--continue", "-p", "what number?"], cwd=project)
