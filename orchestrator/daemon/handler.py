@@ -96,7 +96,7 @@ from orchestrator.sessions.post_turn import begin_run, first_input
 from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import RunEndPayload, UserMessagePayload
-from orchestrator.store.queries import select_last_event_times
+from orchestrator.store.queries import UsageSummary, select_last_event_times
 
 __all__ = [
     "ATTACH_REPLAY_MAX_BYTES",
@@ -469,16 +469,34 @@ class DaemonHandler(CommandHandler):
             "stopping": self.daemon.stopping,
         }
 
-    async def _forest(self) -> list[UsageNode]:
+    async def _sessions_and_usage(
+        self, root_id: str | None
+    ) -> tuple[list[SessionRecord], list[UsageSummary]]:
+        """The sessions of one tree (by its root's id) and their usage, or the whole store's.
+
+        A TUI chat asks for its own tree every second; reading one tree keeps that cost the
+        tree's, not the store's (a multi-day run leaves thousands of sessions behind). Trees
+        are closed under ``parent_id`` (a fork starts a new root), so a tree's forest equals
+        that tree in the whole store's forest.
+        """
         store = self.daemon.store
-        return build_usage_forest(await store.list_sessions(), await store.usage_summary())
+        if root_id is None:
+            return await store.list_sessions(), await store.usage_summary()
+        records = await store.family_sessions(root_id)
+        return records, await store.usage_summary([rec.id for rec in records])
 
     async def _list_sessions(self, command: ListSessions) -> JsonObject:
-        nodes = _flatten(await self._forest())
+        scope = None
+        if command.parent is not None:
+            parent = await self.daemon.store.get_session(command.parent)
+            scope = parent.root_id if parent is not None else None
+        records, summaries = await self._sessions_and_usage(scope)
+        nodes = _flatten(build_usage_forest(records, summaries))
         last = await self.daemon.store.read(select_last_event_times)  # one query for all
+        records.sort(key=lambda rec: (rec.created_at, rec.id))  # oldest first
         matching = [
             rec
-            for rec in await self.daemon.store.list_sessions()  # oldest first
+            for rec in records
             if not (command.roots_only and rec.parent_id is not None)
             and (command.cwd is None or rec.cwd == command.cwd)
             and (command.parent is None or rec.parent_id == command.parent)
@@ -650,14 +668,12 @@ class DaemonHandler(CommandHandler):
         }
 
     async def _usage(self, command: GetUsage) -> JsonObject:
-        store = self.daemon.store
-        records = await store.list_sessions()
-        summaries = await store.usage_summary()
+        rec = await self._record(command.session) if command.session is not None else None
+        records, summaries = await self._sessions_and_usage(rec.root_id if rec else None)
         forest = build_usage_forest(records, summaries)
-        if command.session is None:
+        if rec is None:
             nodes = forest[-command.limit :] if command.limit else forest
         else:
-            rec = await self._record(command.session)
             node = _flatten(forest).get(rec.id)
             nodes = [node] if node is not None else []
         live = self.daemon.orch.sessions

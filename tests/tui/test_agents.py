@@ -159,6 +159,19 @@ async def test_usage_panel_shows_own_and_total_for_the_tree(daemon: Path, projec
         assert "  alpha" in text and "    gamma" in text  # children indented under parents
         assert "tree tok" in text and "wall" in text
 
+        # A subagent's own tree (what its chat asks for every second) reads only its family
+        # and matches the root's view of it; another tree's usage never leaks in.
+        await app.link.call("create_session", cwd=str(project), name="bystander")
+        sub = child["session_id"]
+        (same,) = (await app.link.call("get_usage", session=sub, tree=True))["usage"]
+        for part in ("own", "total"):  # (wall time follows the record's last update)
+            assert {**same[part], "wall_s": 0} == {**child[part], "wall_s": 0}
+        assert [c["session_id"] for c in same["children"]] == [grandchild["session_id"]]
+        below = await app.link.call("list_sessions", parent=sub)
+        assert below["total"] == 1
+        (row,) = below["sessions"]
+        assert row["id"] == grandchild["session_id"] and row["usage"]["total"]["tokens"] == 22
+
 
 PLAIN = """
 repeat forever:
