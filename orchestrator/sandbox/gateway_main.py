@@ -41,6 +41,7 @@ from typing import Any
 
 __all__ = [
     "BASE_KERNEL_ENV_NAMES",
+    "DEVICE_ENV_NAMES",
     "KERNEL_NAME",
     "TOKEN_ENV",
     "main",
@@ -52,6 +53,16 @@ KERNEL_NAME = "prime-agent"
 # Kernel env names the host always sends (POST /api/kernels "env"); the gateway drops any name
 # that is neither KERNEL_* nor whitelisted.
 BASE_KERNEL_ENV_NAMES = ("HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR")
+# Copied from the gateway's own environment into every kernel's: which accelerators it may use
+# and where their user-space libraries are (a local gateway gets them from the user's
+# environment, a container from its image and ``--gpus``).
+DEVICE_ENV_NAMES = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+)
 # Set in every kernel through the kernelspec: plain, non-interactive output.
 KERNEL_FIXED_ENV = {
     "PYTHONUNBUFFERED": "1",  # child Pythons in %%bash stream instead of buffering
@@ -331,6 +342,7 @@ def _make_app(
     cfg.KernelGatewayApp.log_level = LOG_LEVEL
     cfg.JupyterWebsocketPersonality.list_kernels = True
     cfg.JupyterWebsocketPersonality.env_whitelist = [*BASE_KERNEL_ENV_NAMES, *env_allow]
+    cfg.KernelGatewayApp.env_process_whitelist = list(DEVICE_ENV_NAMES)
     cfg.ZMQChannelsWebsocketConnection.limit_rate = False
     cfg.KernelRestarter.time_to_dead = KERNEL_RESTARTER_POLL_S
     cfg.KernelManager.shutdown_wait_time = KERNEL_SHUTDOWN_WAIT_S

@@ -53,7 +53,11 @@ from orchestrator.sandbox.base import (
     with_import_path,
 )
 from orchestrator.sandbox.gateway import KernelGatewayClient
-from orchestrator.sandbox.gateway_main import BASE_KERNEL_ENV_NAMES, TOKEN_ENV
+from orchestrator.sandbox.gateway_main import (
+    BASE_KERNEL_ENV_NAMES,
+    DEVICE_ENV_NAMES,
+    TOKEN_ENV,
+)
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach
@@ -113,6 +117,9 @@ def gateway_env(
     """
     parent = os.environ if parent is None else parent
     env = {name: parent[name] for name in GATEWAY_ENV_ALLOWLIST if parent.get(name)}
+    # The user's choice of accelerators on this host holds in a local sandbox too; passed even
+    # when empty (an empty CUDA_VISIBLE_DEVICES means "no GPU", not "every GPU").
+    env.update({name: parent[name] for name in DEVICE_ENV_NAMES if name in parent})
     # The interpreter's bin dir first: ``python``/``pip`` in %%bash are the kernel's own.
     bin_dir = os.path.dirname(sys.executable)
     path = env.get("PATH", DEFAULT_PATH)

@@ -86,11 +86,18 @@ async def shared(
 ) -> AsyncIterator[LocalSandbox]:
     # A provider key in the orchestrator's environment must never reach the sandbox (R16).
     os.environ["OPENAI_API_KEY"] = PLANTED_KEY
+    # The user's choice of accelerators holds inside (here: none, which is an empty value).
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
     try:
         tmp = tmp_path_factory.mktemp("shared")
         sandbox = await backend.create(_spec(tmp, "shared", env={"PRIME_TEST_VAR": "hello"}))
     finally:
         del os.environ["OPENAI_API_KEY"]
+        if devices is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
     yield sandbox
     await sandbox.stop()
 
@@ -143,9 +150,10 @@ async def test_cwd_env_and_no_secrets(shared: LocalSandbox) -> None:
         "import os\n"
         "print(os.getcwd())\n"
         "print(os.environ.get('PRIME_TEST_VAR'))\n"
+        "print(repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n"
         "sorted(os.environ)",
     )
-    assert result.stdout.splitlines() == [str(shared.spec.cwd), "hello"]
+    assert result.stdout.splitlines() == [str(shared.spec.cwd), "hello", "''"]
     assert "OPENAI_API_KEY" not in result.result
     assert "PRIME_AGENT_GATEWAY_TOKEN" not in result.result
     # Not in the environment of either process, whatever the kernel's os.environ says now.
