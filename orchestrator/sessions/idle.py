@@ -9,6 +9,10 @@ prompt, message or attach loads it again (new sandbox, namespace revived, notice
 child keeps its whole ancestry loaded; a finished child is unloaded on its own and stays
 addressable: a message wakes it.
 
+A sandbox adopted after a daemon restart (``adoption.py``) whose session nobody loads is
+unloaded the same way once it has waited as long (load, snapshot, unload): a crash does not
+leave sandboxes running until the daemon stops.
+
 There is no event for "nothing happened", so a sweep runs every ``IDLE_SWEEP_FRACTION`` of the
 idle time (bounded by ``IDLE_SWEEP_MIN_S`` .. ``IDLE_SWEEP_MAX_S``) and compares each session's
 (state, turns, queued input) with what it saw last: any change restarts its quiet clock.
@@ -135,6 +139,31 @@ class IdleUnloader:
                 continue
             if all(ripe(s) for s in self._subtree(live)) and await self._unload(live):
                 unloaded.append(live.id)
+        return unloaded + await self._unload_adopted(now - (self.after_s or 0.0))
+
+    async def _unload_adopted(self, before: float) -> list[str]:
+        """A sandbox adopted after a daemon restart whose session nobody has loaded since
+        ``before`` is treated like a quiet loaded session: loaded (taking the sandbox, its
+        namespace intact), snapshotted and unloaded. Otherwise it would live until the daemon
+        stops. A session that cannot be loaded any more just has its sandbox stopped."""
+        unloaded: list[str] = []
+        for session_id in self.orch.adopted.waiting_since(before):
+            try:
+                live = await self.orch.load_session_id(session_id)
+            except Exception as exc:  # e.g. its model is no longer configured
+                log.warning("stopping the adopted sandbox of %s: %s", session_id, exc)
+                await self.orch.adopted.discard(session_id)
+                continue
+            if self._busy(live) or live.state not in UNLOADABLE_STATES:
+                continue  # it has work now: the sweep watches it like any loaded session
+            await self.orch.sandboxes.flush_adopted(live)
+            if self.orch.sessions.get(live.id) is live and not self._busy(live):
+                await self.orch.unload(live)
+                self.orch.sandboxes.forget(live.id)
+                self.unloaded += 1
+                unloaded.append(session_id)
+                log.info("unloaded %s: its adopted sandbox waited without use", session_id)
+                await self._rescue(live)
         return unloaded
 
     async def _unload(self, live: LiveSession) -> bool:

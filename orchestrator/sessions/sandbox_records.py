@@ -7,13 +7,15 @@ for its successor (``orchestrator/sessions/adoption.py``).
 
 ``AdoptedSandboxes`` holds the sandboxes the successor adopted until their session is loaded
 (sessions are loaded on demand: a prompt, a message, an attach). Loading takes the session's
-sandbox from here instead of starting a new one, so its next cell runs in the same kernel.
+sandbox from here instead of starting a new one, so its next cell runs in the same kernel. One
+that waits as long as a quiet session stays loaded is unloaded like one (``idle.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Final
 
 from orchestrator.sandbox.base import Sandbox, SandboxRef
@@ -83,6 +85,7 @@ class AdoptedSandboxes:
 
     def __init__(self) -> None:
         self._by_session: dict[str, Sandbox] = {}
+        self._since: dict[str, float] = {}  # time.monotonic() of the adoption
 
     def __len__(self) -> int:
         return len(self._by_session)
@@ -92,10 +95,17 @@ class AdoptedSandboxes:
 
     def put(self, session_id: str, sandbox: Sandbox) -> None:
         self._by_session[session_id] = sandbox
+        self._since[session_id] = time.monotonic()
+
+    def waiting_since(self, before: float) -> list[str]:
+        """Sessions whose sandbox was adopted before ``before`` (a ``time.monotonic()`` value)
+        and is still waiting to be loaded."""
+        return [sid for sid, since in self._since.items() if since <= before]
 
     async def take(self, session_id: str) -> Sandbox | None:
         """The session's adopted sandbox if it is still alive; a dead one is stopped (its row
         removed) and the session starts a new one as usual."""
+        self._since.pop(session_id, None)
         sandbox = self._by_session.pop(session_id, None)
         if sandbox is None:
             return None
@@ -108,6 +118,7 @@ class AdoptedSandboxes:
 
     async def discard(self, session_id: str) -> None:
         """The session ended (deleted, aborted) while not loaded: stop its adopted sandbox."""
+        self._since.pop(session_id, None)
         sandbox = self._by_session.pop(session_id, None)
         if sandbox is not None:
             with contextlib.suppress(Exception):

@@ -220,6 +220,16 @@ class SandboxSupervisor:
         if self._session(live.id).keeper.dirty:
             await self.snapshot_now(live)
 
+    async def flush_adopted(self, live: LiveSession) -> None:
+        """Snapshot the namespace of a just-loaded session's adopted sandbox (intact, but no
+        cell ran here to mark it changed) before it is unloaded unused."""
+        task = live.sandbox_task
+        if task is None:
+            return
+        with contextlib.suppress(Exception):  # a lost sandbox: nothing to save
+            await asyncio.shield(task)
+        await self.snapshot_now(live)
+
 
 def _spent(task: asyncio.Task[Sandbox]) -> bool:
     """A finished sandbox task that is of no more use: its start failed, or it was lost."""

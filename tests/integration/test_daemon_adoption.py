@@ -252,6 +252,67 @@ def test_local_sandbox_survives_a_daemon_crash_and_is_adopted(
     ), (pids_alive([pid, gateway, kernel]), _our_gateways())
 
 
+IDLE_UNLOAD_S = 2.0  # the restarted daemon's idle time: an adopted sandbox waits this long
+
+
+async def _define_x_while_attached(cwd: Path, pid: int) -> tuple[str, int, int]:
+    """``x = 41`` in an idle session that a client keeps attached (so the idle unloader leaves
+    it loaded) until the daemon is killed; returns (session, kernel pid, gateway pid)."""
+    client = await ControlClient.connect()
+    try:
+        created = await client.call(
+            "create_session", cwd=str(cwd), task="define x", model="openai/fake", backend="local"
+        )
+        sid = str(created["session"])
+        await client.call("attach", session=sid, cursor=0)
+        (defined,) = _results(await _said(client, sid, "x is defined"))
+        match = re.search(r"pids (\d+) (\d+) " + SESSION_NAME, defined["text"])
+        assert match is not None, defined
+        await asyncio.to_thread(_kill_daemon, pid)
+        return sid, int(match.group(1)), int(match.group(2))
+    finally:
+        await client.close()
+
+
+def test_an_adopted_sandbox_nobody_wakes_is_unloaded_like_an_idle_session(
+    daemons: None, model: FakeModelServer, tmp_path: Path
+) -> None:
+    write_config(
+        f"idle_unload_seconds = {IDLE_UNLOAD_S}\nretry_base_delay_s = 0.01\n"
+        f'model_max_retries = 1\n[models."openai/fake"]\napi_base = "{model.url}"\n'
+    )
+    pid = _start_daemon()
+    sid, kernel, gateway = asyncio.run(_define_x_while_attached(tmp_path, pid))
+    assert pids_alive([gateway, kernel]) == [gateway, kernel]
+
+    _start_daemon()  # adopts the sandbox; no turn was interrupted, so nothing loads the session
+
+    async def wake() -> tuple[str, list[str]]:
+        client = await ControlClient.connect()
+        try:
+            # Quiet for the idle time, it is loaded, snapshotted and unloaded: the sandbox
+            # goes (the unload stops it before the session leaves memory).
+            async def unloaded() -> bool:
+                row = (await client.call("get_session", session=sid))["session"]
+                gone = not pids_alive([gateway, kernel])
+                return gone and row["status"] == "inactive" and not row["live"]
+
+            await _poll("the adopted session's unload", unloaded)
+            asked = len(model.requests)
+            await client.call("prompt", session=sid, text="print x")
+            events = await _said(client, sid, "x plus one is 42")
+        finally:
+            await client.close()
+        request = [str(m.get("content")) for m in model.requests[asked]["messages"]]
+        return str(_results(events)[-1]["text"]), request
+
+    output, request = asyncio.run(wake())
+    # A new kernel, x revived from the snapshot taken before the unload, and the model is told.
+    printed, new_kernel, name = output.split(maxsplit=2)
+    assert (printed, name) == ("42", SESSION_NAME) and int(new_kernel) != kernel
+    assert any("revived from its last snapshot" in text and "x" in text for text in request)
+
+
 def test_recorded_sandbox_of_a_deleted_session_is_removed_at_start(
     daemons: None, model: FakeModelServer, tmp_path: Path
 ) -> None:
