@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from orchestrator.sandbox.base import SandboxBackend, SandboxSpec
+from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -137,10 +137,7 @@ while any(_running(p) for p in {pids}) and time.monotonic() < _deadline:
 GONE_DEADLINE_S = 10.0  # a SIGKILL takes effect when its target next runs
 
 
-async def _still_running(sb: object, pids: list[int]) -> str:
-    from orchestrator.sandbox.base import Sandbox
-
-    assert isinstance(sb, Sandbox)
+async def _still_running(sb: Sandbox, pids: list[int]) -> str:
     code = _STILL_RUNNING.format(pids=pids, deadline=GONE_DEADLINE_S)
     r = await sb.execute(code, timeout_s=GONE_DEADLINE_S * 2, cell_id="gone")
     assert r.status == "ok", r
