@@ -51,6 +51,7 @@ __all__ = [
     "SERVER_CAPABILITIES",
     "STREAM_EVENT_TYPES",
     "TREE_PAGE_MAX_NODES",
+    "USAGE_ROWS_LIMIT_MAX",
     "Abort",
     "Attach",
     "Autonomous",
@@ -113,6 +114,7 @@ WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
 # `list_sessions {limit}` at most: about 700 bytes a row keeps the answer under the line cap.
 LIST_SESSIONS_LIMIT_MAX = 1000
+USAGE_ROWS_LIMIT_MAX = 1000  # a usage row is ~300 bytes: a page stays well under a line
 # `get_session {recent}` returns at most this many of the newest events (as attach replays).
 RECENT_EVENTS_MAX = 1000
 # A hello listing more capabilities than this is a broken or hostile client.
@@ -319,6 +321,10 @@ class GetUsage(_Command):
     limit: int | None = Field(default=None, ge=1)
     # Also return per-session rows (calls, tokens, cost, models) for the selection.
     rows: bool = False
+    # A page of rows instead (with `rows`): rows [rows_offset, rows_offset + rows_limit) and
+    # `rows_total`; `usage` is then empty. Every row of a large store fits no single line.
+    rows_offset: int = Field(default=0, ge=0)
+    rows_limit: int | None = Field(default=None, ge=1, le=USAGE_ROWS_LIMIT_MAX)
 
 
 class ExportSession(_Command):

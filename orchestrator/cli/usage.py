@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
 
+from orchestrator.api.protocol import USAGE_ROWS_LIMIT_MAX
 from orchestrator.cli.common import guarded
 from orchestrator.paths import Paths
 
-__all__ = ["totals_text", "usage"]
+__all__ = ["paged_rows", "totals_text", "usage"]
 
 # What a usage row carries besides the store's UsageSummary (the daemon adds them).
 _ROW_EXTRAS = ("status", "name")
@@ -62,14 +64,27 @@ def _rows(selector: str | None) -> list[dict[str, Any]] | None:
 
         async def ask() -> list[dict[str, Any]]:
             async with DaemonLink() as link:
-                fields: dict[str, Any] = {"rows": True}
-                if selector:
-                    fields["session"] = selector
-                answer = await link.call("get_usage", **fields)
-            return list(answer.get("rows") or [])
+                return await paged_rows(link.call, selector)
 
         return asyncio.run(ask())
     return asyncio.run(_read_rows(selector))
+
+
+async def paged_rows(
+    call: Callable[..., Awaitable[Any]], selector: str | None, page: int = USAGE_ROWS_LIMIT_MAX
+) -> list[dict[str, Any]]:
+    """Every usage row from the daemon, a page per request: a store with thousands of sessions
+    has more rows than one answer line holds."""
+    rows: list[dict[str, Any]] = []
+    fields: dict[str, Any] = {"rows": True, "rows_limit": page}
+    if selector:
+        fields["session"] = selector
+    while True:
+        answer = await call("get_usage", rows_offset=len(rows), **fields)
+        got = list(answer.get("rows") or [])
+        rows += got
+        if not got or len(rows) >= int(answer.get("rows_total") or 0):
+            return rows
 
 
 async def _read_rows(selector: str | None) -> list[dict[str, Any]] | None:

@@ -686,13 +686,18 @@ class DaemonHandler(CommandHandler):
             out.append(data)
         result: JsonObject = {"usage": out}
         if command.rows:
-            # Per-session rows for `prime-agent usage`: the selected session, or every one.
+            # Per-session rows for `prime-agent usage`: the selected session, or every one;
+            # with `rows_limit`, one page of them (and no forest).
             only = nodes[0].session.id if command.session is not None and nodes else None
             by_id = {r.id: r for r in records}
+            chosen = [s for s in summaries if command.session is None or s.session_id == only]
+            if command.rows_limit is not None:
+                result["usage"] = []
+                result["rows_total"] = len(chosen)
+                start = command.rows_offset
+                chosen = chosen[start : start + command.rows_limit]
             rows = []
-            for summary in summaries:
-                if command.session is not None and summary.session_id != only:
-                    continue
+            for summary in chosen:
                 row = asdict(summary)
                 known = by_id.get(summary.session_id)
                 loaded = live.get(summary.session_id)

@@ -23,6 +23,7 @@ import pytest
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import CAP_STREAM, CLIENT_CAPABILITIES, Event, Resync, Stream
+from orchestrator.cli.usage import paged_rows
 from orchestrator.sandbox.base import SANDBOX_LOG_TAIL_LINES
 from orchestrator.testing import FakeModelServer
 from tests.helpers import cli, daemon_pids, pids_alive, wait_until, write_config
@@ -231,6 +232,17 @@ async def test_list_sessions_rows_carry_activity_pending_and_last_activity(
         listing = await client.call("list_sessions")
         newest_only = await client.call("list_sessions", limit=1)
         children = await client.call("list_sessions", parent=sid)
+        # Usage rows come in pages too (`prime-agent usage` asks page by page).
+        whole = await client.call("get_usage", rows=True)
+        first = await client.call("get_usage", rows=True, rows_limit=1)
+        second = await client.call("get_usage", rows=True, rows_limit=1, rows_offset=1)
+        paged = await paged_rows(client.call, None, page=1)
+
+    ids = [r["session_id"] for r in whole["rows"]]
+    assert ids == [sid, copy] and first["rows_total"] == second["rows_total"] == 2
+    assert [r["session_id"] for r in first["rows"] + second["rows"]] == ids
+    assert first["usage"] == [] and whole["usage"] != []  # a page carries rows only
+    assert paged == whole["rows"]
 
     # `limit` keeps the newest matches and `total` counts them all; `parent` filters.
     assert [r["id"] for r in newest_only["sessions"]] == [copy] and newest_only["total"] == 2
