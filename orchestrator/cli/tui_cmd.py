@@ -39,9 +39,10 @@ def open_tui(
     require_daemon("the TUI")
     if session is not None:  # a wrong name is a usage error, said before the screen changes
         try:
-            request_sync("get_session", session=session)
+            found = request_sync("get_session", session=session)
         except ApiCommandError as exc:
             raise daemon_error(exc) from None
+        session = str(found["session"]["id"])  # the app needs no second lookup
     from tui.app import run_tui
 
     return run_tui(

@@ -670,32 +670,31 @@ class DaemonHandler(CommandHandler):
     async def _usage(self, command: GetUsage) -> JsonObject:
         rec = await self._record(command.session) if command.session is not None else None
         records, summaries = await self._sessions_and_usage(rec.root_id if rec else None)
-        forest = build_usage_forest(records, summaries)
-        if rec is None:
-            nodes = forest[-command.limit :] if command.limit else forest
-        else:
-            node = _flatten(forest).get(rec.id)
-            nodes = [node] if node is not None else []
         live = self.daemon.orch.sessions
+        paged = command.rows and command.rows_limit is not None
         out = []
-        for node in nodes:
-            data = node.as_dict()
-            if not command.tree:
-                data["children"] = []
-            _live_status(data, live)
-            out.append(data)
+        if not paged:  # a page of rows carries no forest (nor builds one)
+            forest = build_usage_forest(records, summaries)
+            if rec is None:
+                nodes = forest[-command.limit :] if command.limit else forest
+            else:
+                node = _flatten(forest).get(rec.id)
+                nodes = [node] if node is not None else []
+            for node in nodes:
+                data = node.as_dict()
+                if not command.tree:
+                    data["children"] = []
+                _live_status(data, live)
+                out.append(data)
         result: JsonObject = {"usage": out}
         if command.rows:
             # Per-session rows for `prime-agent usage`: the selected session, or every one;
-            # with `rows_limit`, one page of them (and no forest).
-            only = nodes[0].session.id if command.session is not None and nodes else None
-            by_id = {r.id: r for r in records}
-            chosen = [s for s in summaries if command.session is None or s.session_id == only]
+            # with `rows_limit`, one page of them and how many there are.
+            chosen = [s for s in summaries if rec is None or s.session_id == rec.id]
             if command.rows_limit is not None:
-                result["usage"] = []
                 result["rows_total"] = len(chosen)
-                start = command.rows_offset
-                chosen = chosen[start : start + command.rows_limit]
+                chosen = chosen[command.rows_offset : command.rows_offset + command.rows_limit]
+            by_id = {r.id: r for r in records}
             rows = []
             for summary in chosen:
                 row = asdict(summary)

@@ -154,16 +154,16 @@ class IdleUnloader:
                 log.warning("stopping the adopted sandbox of %s: %s", session_id, exc)
                 await self.orch.adopted.discard(session_id)
                 continue
-            if self._busy(live) or live.state not in UNLOADABLE_STATES:
-                continue  # it has work now: the sweep watches it like any loaded session
+            # With work now, or subagents loaded below it, the sweep watches it like any loaded
+            # session (an unload would take the subagents along unsnapshotted).
+            if self._busy(live) or live.state not in UNLOADABLE_STATES or self._subtree(live)[1:]:
+                continue
             await self.orch.sandboxes.flush_adopted(live)
             if self.orch.sessions.get(live.id) is live and not self._busy(live):
                 await self.orch.unload(live)
-                self.orch.sandboxes.forget(live.id)
-                self.unloaded += 1
-                unloaded.append(session_id)
                 log.info("unloaded %s: its adopted sandbox waited without use", session_id)
-                await self._rescue(live)
+                await self._after_unload([live])
+                unloaded.append(session_id)
         return unloaded
 
     async def _unload(self, live: LiveSession) -> bool:
@@ -176,15 +176,18 @@ class IdleUnloader:
             return False  # woke up while we were snapshotting
         idle_s = time.monotonic() - self._seen[live.id][1]
         await self.orch.unload(live)
-        self.unloaded += len(tree)
         log.info(
             "unloaded %s (and %d descendants) after %.0f s idle", live.id, len(tree) - 1, idle_s
         )
+        await self._after_unload(tree)
+        return True
+
+    async def _after_unload(self, tree: list[LiveSession]) -> None:
+        self.unloaded += len(tree)
         for session in tree:
             self._seen.pop(session.id, None)
             self.orch.sandboxes.forget(session.id)
             await self._rescue(session)
-        return True
 
     async def _rescue(self, session: LiveSession) -> None:
         """Input queued on a session while it was being unloaded would be lost with the

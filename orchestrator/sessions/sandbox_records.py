@@ -84,8 +84,8 @@ class AdoptedSandboxes:
     each is also owned by its backend, whose ``close`` stops it)."""
 
     def __init__(self) -> None:
-        self._by_session: dict[str, Sandbox] = {}
-        self._since: dict[str, float] = {}  # time.monotonic() of the adoption
+        # Each sandbox with the time.monotonic() of its adoption.
+        self._by_session: dict[str, tuple[Sandbox, float]] = {}
 
     def __len__(self) -> int:
         return len(self._by_session)
@@ -94,21 +94,20 @@ class AdoptedSandboxes:
         return session_id in self._by_session
 
     def put(self, session_id: str, sandbox: Sandbox) -> None:
-        self._by_session[session_id] = sandbox
-        self._since[session_id] = time.monotonic()
+        self._by_session[session_id] = (sandbox, time.monotonic())
 
     def waiting_since(self, before: float) -> list[str]:
         """Sessions whose sandbox was adopted before ``before`` (a ``time.monotonic()`` value)
         and is still waiting to be loaded."""
-        return [sid for sid, since in self._since.items() if since <= before]
+        return [sid for sid, (_, since) in self._by_session.items() if since <= before]
 
     async def take(self, session_id: str) -> Sandbox | None:
         """The session's adopted sandbox if it is still alive; a dead one is stopped (its row
         removed) and the session starts a new one as usual."""
-        self._since.pop(session_id, None)
-        sandbox = self._by_session.pop(session_id, None)
-        if sandbox is None:
+        adopted = self._by_session.pop(session_id, None)
+        if adopted is None:
             return None
+        sandbox = adopted[0]
         if await sandbox.is_alive():
             return sandbox
         log.warning("the adopted sandbox of %s died before its session was loaded", session_id)
@@ -118,8 +117,7 @@ class AdoptedSandboxes:
 
     async def discard(self, session_id: str) -> None:
         """The session ended (deleted, aborted) while not loaded: stop its adopted sandbox."""
-        self._since.pop(session_id, None)
-        sandbox = self._by_session.pop(session_id, None)
-        if sandbox is not None:
+        adopted = self._by_session.pop(session_id, None)
+        if adopted is not None:
             with contextlib.suppress(Exception):
-                await sandbox.stop()
+                await adopted[0].stop()
