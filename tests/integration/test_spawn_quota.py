@@ -5,7 +5,8 @@ any await, and give them back when the creation fails or is abandoned.
 - From a real kernel: ``asyncio.gather`` of 12, then 40, spawns with ``max_live_children=3``
   admits exactly 3 each time, refuses the rest with ``QuotaExceeded``, and the store holds
   exactly the admitted children (none created and then refused); deleting the first three
-  frees their slots for the second round.
+  frees their slots for the second round. A third round of 5 budgeted spawns, of which the
+  root's budget covers 2, admits exactly 2 (the budget is reserved with the slot).
 - In process (real store, real fake-model HTTP, no bus): a creation that fails after its store
   row (the artifacts directory cannot be made) and a caller cancelled while its creation waits
   on the store writer both leave a deleted tombstone, no live child, their budget reservation
@@ -34,6 +35,10 @@ from tests.integration.test_family import FAST, _run, _tool_texts
 QUOTA = 3
 FIRST_WAVE = 12
 SECOND_WAVE = 40
+# The third wave: budgeted children, of which the root's budget covers only two.
+ROOT_BUDGET = 1_000_000
+CHILD_BUDGET = 400_000
+BUDGET_WAVE = 5
 UNDO_TIMEOUT_S = 30.0
 QUIET_TIMEOUT_S = 90.0
 POLL_INTERVAL_S = 0.02
@@ -59,24 +64,35 @@ repeat forever:
                 await rlm.delete_subagent(c.rlm_child_id)
             tally("second", await asyncio.gather(*[rlm(f"cheap task {{i}}") for i in range({SECOND_WAVE})], return_exceptions=True))
     when "second ":
+        code:
+            for c in await rlm.list_subagents():
+                if c.status != "deleted":
+                    await rlm.delete_subagent(c.rlm_child_id)
+            tally("third", await asyncio.gather(*[rlm(f"costly task {{i}}", budget={CHILD_BUDGET}) for i in range({BUDGET_WAVE})], return_exceptions=True))
+    when "third ":
         text: raced
 """
 
 
 async def test_gathered_spawns_admit_exactly_the_quota_and_create_nothing_else() -> None:
-    settings = FAST.with_overrides(max_live_children=QUOTA)
+    settings = FAST.with_overrides(max_live_children=QUOTA, session_token_budget=ROOT_BUDGET)
     result, sessions, events, _ = await _run(RACE, "race the quota", settings)
     assert result.outcome.final_text in ("raced", "noted")
     out = _tool_texts(events["race the quota"])
+    affordable = ROOT_BUDGET // CHILD_BUDGET
     assert out == [
         f"first {QUOTA} [('QuotaExceeded', {FIRST_WAVE - QUOTA})]",
         f"second {QUOTA} [('QuotaExceeded', {SECOND_WAVE - QUOTA})]",
+        f"third {affordable} [('BudgetExceeded', {BUDGET_WAVE - affordable})]",
     ], out
     root = sessions["race the quota"]
     children = [s for s in sessions.values() if s.parent_id == root.id]
-    # Exactly the admitted children exist: the first three (deleted) and the second three.
-    assert len(children) == 2 * QUOTA, sorted(c.status for c in children)
-    assert sorted(c.status for c in children).count("deleted") == QUOTA
+    # Exactly the admitted children exist: the first two waves' (deleted) and the third's.
+    statuses = sorted(c.status for c in children)
+    assert len(children) == 2 * QUOTA + affordable, statuses
+    assert statuses.count("deleted") == 2 * QUOTA, statuses
+    budgeted = [c for c in children if c.budget_tokens is not None]
+    assert [c.budget_tokens for c in budgeted] == [CHILD_BUDGET] * affordable
 
 
 CHEAP = """
