@@ -1,8 +1,9 @@
 """``agent_message`` and ``agent_observe``: talk to and look at the nuclear family (in the kernel).
 
-The family is the parent, the siblings and the direct children (root sessions are siblings of
-each other). The host enforces reach, size, pending and rate limits, and takes the sender's
-identity from the kernel's NATS credentials: nothing here sends a sender field.
+The family is the parent, the siblings and the direct children (roots are unrelated to each
+other: a root has only its children). The host enforces reach, size, pending and rate limits,
+and takes the sender's identity from the kernel's NATS credentials: nothing here sends a sender
+field.
 
 Wire shapes (``args`` -> ``result``; optional keys are left out when None):
 

@@ -36,9 +36,24 @@ class BudgetTree:
         self._nodes: dict[str, _Node] = {}
 
     def add(self, session_id: str, parent: str | None, budget: int | None, spent: int = 0) -> None:
-        self._nodes[session_id] = _Node(parent=parent, budget=budget, own_spent=spent)
+        """A node for ``session_id``; adding it again (a reservation made at admission, then
+        the session's creation) keeps the children it already has."""
+        old = self._nodes.get(session_id)
+        node = _Node(parent=parent, budget=budget, own_spent=spent)
+        if old is not None:
+            node.children = old.children
+        self._nodes[session_id] = node
         if parent is not None and parent in self._nodes:
             self._nodes[parent].children.add(session_id)
+
+    def remove(self, session_id: str) -> None:
+        """Drop a node that never ran (a spawn whose creation failed): its reservation ends."""
+        node = self._nodes.get(session_id)
+        if node is None or node.children:  # a node with children stays: they walk up through it
+            return
+        del self._nodes[session_id]
+        if node.parent is not None and node.parent in self._nodes:
+            self._nodes[node.parent].children.discard(session_id)
 
     def spend(self, session_id: str, tokens: int) -> None:
         node = self._nodes.get(session_id)

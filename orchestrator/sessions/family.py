@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -22,9 +23,10 @@ from orchestrator.control.goal_service import GoalService
 from orchestrator.control.schedule_service import ScheduleService
 from orchestrator.errors import BusError, UserError
 from orchestrator.harness.service import HarnessService
-from orchestrator.ids import new_event_id
+from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.sessions.admission import SpawnSlots
 from orchestrator.sessions.history_service import HistoryService
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
@@ -43,6 +45,8 @@ OBSERVE_PREVIEW_CHARS = 400
 THINKING_LEVELS = frozenset({"off", "minimal", "low", "medium", "high", "xhigh", "max"})
 RLM_RUN_ARGS = frozenset({"prompt", "name", "model", "thinking", "budget"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
 
@@ -112,6 +116,8 @@ class FamilyService:
         self.orch = orch
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
         self._query_slots: dict[str, asyncio.Semaphore] = {}
+        self._slots = SpawnSlots()  # spawn admissions in progress (sessions/admission.py)
+        self._undoing: set[asyncio.Task[None]] = set()  # failed spawns being cleaned up
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -153,13 +159,9 @@ class FamilyService:
 
     async def _siblings(self, live: LiveSession) -> list[_Target]:
         if live.record.parent_id is None:
-            # Roots are siblings of each other (SPEC.md §3): the roots loaded here, not every
-            # root the store ever held (a long-lived daemon's list would be unbounded).
-            return [
-                _Target(s.record, s, "sibling")
-                for s in self.orch.sessions.values()
-                if s.record.parent_id is None and s.id != live.id
-            ]
+            # Roots are unrelated to each other (SPEC.md §3, R18): another user's session,
+            # maybe in another project, is nobody's sibling.
+            return []
         return [
             self._member(r, "sibling")
             for r in await self._tree(live)
@@ -243,19 +245,12 @@ class FamilyService:
         ):
             raise _bad("budget must be a positive number of tokens")
         settings = self.orch.settings
+        # The depth is the parent's record (fixed at its creation): no race to guard.
         if parent.record.depth + 1 > settings.max_depth:
             raise HostRequestError(
                 "depth_limit",
                 f"depth limit reached: this session is at depth {parent.record.depth} and the "
                 f"maximum depth is {settings.max_depth}; do the work here instead",
-            )
-        children = await self._children(parent)
-        live_children = [c for c in children if c.state not in TERMINAL_STATES]
-        if len(live_children) >= settings.max_live_children:
-            raise HostRequestError(
-                "quota_exceeded",
-                f"spawn quota reached: {len(live_children)} live children (maximum "
-                f"{settings.max_live_children}); delete finished ones with rlm.delete_subagent",
             )
         name = args.get("name")
         if name is not None:
@@ -264,29 +259,12 @@ class FamilyService:
             name = name.strip()
             if len(name) > NAME_MAX or _CONTROL.search(name):
                 raise _bad(f"name must be at most {NAME_MAX} printable characters")
-            if any(c.record.name == name for c in children if c.state != "deleted"):
-                raise _bad(f"a subagent named {name!r} already exists")
         model = parent.model
         if args.get("model") is not None:
             model = self._resolve_model(args["model"], parent)
-        if budget is not None:
-            problem = self.orch.budgets.can_reserve(parent.id, budget)
-            if problem is not None:
-                raise HostRequestError("budget_exceeded", problem)
-        elif self.orch.budgets.exhausted(parent.id) is not None:
-            raise HostRequestError("budget_exceeded", self.orch.budgets.exhausted(parent.id) or "")
-
-        slug = _slug(prompt)
-        child = await self.orch.create_session(
-            model=model,
-            cwd=parent.spec.cwd,
-            name=name,
-            # Default name: a slug of the prompt plus the child's short id (unique).
-            name_for=lambda child_id: f"{slug}-{child_id}",
-            parent=parent,
-            budget=budget,
-            eager_sandbox=False,  # started at the child's first cell (or from the warm pool)
-        )
+        stored = await self._children(parent)  # the last await before the child is reserved
+        child_id = self._admit(parent, stored, name, budget)
+        child = await self._create_child(parent, child_id, prompt, name, model, budget)
         self.orch.submit(
             child,
             Inbound(
@@ -301,6 +279,109 @@ class FamilyService:
             "session_id": child.id,
             "model": model.selector,
         }
+
+    def _admit(
+        self, parent: LiveSession, stored: list[_Target], name: str | None, budget: int | None
+    ) -> str:
+        """Check the quota, the name and the budget, and reserve all three for a new child id.
+
+        Synchronous on purpose (no ``await`` from the checks to the reservation): concurrent
+        spawns of one parent see each other's held slots and budget nodes. The children are
+        those of the store read (``stored``), the loaded ones (created since that read) and
+        the held slots (being created), counted once each by id.
+        """
+        settings = self.orch.settings
+        held = self._slots.held(parent.id)
+        loaded = [
+            _Target(s.record, s, "child")
+            for s in self.orch.sessions.values()
+            if s.record.parent_id == parent.id
+        ]
+        live_ids = {c.id for c in (*stored, *loaded) if c.state not in TERMINAL_STATES}
+        live_ids.update(held)
+        if len(live_ids) >= settings.max_live_children:
+            raise HostRequestError(
+                "quota_exceeded",
+                f"spawn quota reached: {len(live_ids)} live children (maximum "
+                f"{settings.max_live_children}); delete finished ones with rlm.delete_subagent",
+            )
+        if name is not None:
+            taken = {c.record.name for c in (*stored, *loaded) if c.state != "deleted"}
+            if name in taken or name in held.values():
+                raise _bad(f"a subagent named {name!r} already exists")
+        budgets = self.orch.budgets
+        if budget is not None:
+            problem = budgets.can_reserve(parent.id, budget)
+            if problem is not None:
+                raise HostRequestError("budget_exceeded", problem)
+        elif budgets.exhausted(parent.id) is not None:
+            raise HostRequestError("budget_exceeded", budgets.exhausted(parent.id) or "")
+        child_id = new_session_id()
+        self._slots.hold(parent.id, child_id, name)
+        budgets.add(child_id, parent.id, budget)  # reserved now; the creation adds it again
+        return child_id
+
+    async def _create_child(
+        self,
+        parent: LiveSession,
+        child_id: str,
+        prompt: str,
+        name: str | None,
+        model: ResolvedModel,
+        budget: int | None,
+    ) -> LiveSession:
+        """The child's session, or an error after which nothing of it is left running."""
+        slug = _slug(prompt)
+        creation = asyncio.ensure_future(
+            self.orch.create_session(
+                model=model,
+                cwd=parent.spec.cwd,
+                name=name,
+                # Default name: a slug of the prompt plus the child's short id (unique).
+                name_for=lambda short_id: f"{slug}-{short_id}",
+                parent=parent,
+                budget=budget,
+                eager_sandbox=False,  # started at the child's first cell (or from the warm pool)
+                session_id=child_id,
+            )
+        )
+        try:
+            # Shielded: a caller that gives up (the router's deadline) must not cut the
+            # creation between its store row and its registration; the undo settles it.
+            child = await asyncio.shield(creation)
+        except BaseException as exc:
+            # The slot stays held until the undo is done: the half-made child counts.
+            task = asyncio.ensure_future(self._undo_spawn(creation, parent.id, child_id))
+            self._undoing.add(task)
+            task.add_done_callback(self._undoing.discard)
+            if isinstance(exc, Exception):
+                log.warning("subagent %s of %s could not be created: %s", child_id, parent.id, exc)
+                raise HostRequestError(
+                    "internal", f"the subagent could not be created ({exc}); nothing was started"
+                ) from None
+            raise
+        self._slots.release(parent.id, child_id)  # a live session now: counted as one
+        return child
+
+    async def _undo_spawn(
+        self, creation: asyncio.Future[LiveSession], parent_id: str, child_id: str
+    ) -> None:
+        """After a failed or abandoned creation: the child, if it came to exist, is deleted
+        (a tombstone row, no driver, no sandbox) and its budget reservation ends."""
+        try:
+            child: LiveSession | None = await creation
+        except BaseException:
+            child = None
+        try:
+            if child is not None:
+                await self.orch.stop_session(child, state="deleted")
+            elif await self.orch.store.get_session(child_id) is not None:
+                await self.orch.store.update_session(child_id, status="deleted")
+        except Exception as exc:
+            log.warning("could not delete the abandoned subagent %s: %s", child_id, exc)
+        finally:
+            self.orch.budgets.remove(child_id)
+            self._slots.release(parent_id, child_id)
 
     def _resolve_model(self, selector: Any, parent: LiveSession) -> ResolvedModel:
         if not isinstance(selector, str) or not selector.strip():

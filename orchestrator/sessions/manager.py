@@ -177,14 +177,16 @@ class Orchestrator:
         name_for: Callable[[str], str] | None = None,
         backend: str | None = None,
         refine: bool | None = None,
+        session_id: str | None = None,
     ) -> LiveSession:
         """A new session (and its driver; its sandbox starts now when ``eager_sandbox``).
-        ``refine``: whether it may /refine; None inherits the parent's, or the config's."""
+        ``refine``: whether it may /refine; None inherits the parent's, or the config's.
+        ``session_id``: the id reserved at spawn admission (sessions/admission.py); else new."""
         # A child runs on its parent's backend unless told otherwise.
         backend = backend or (parent.record.backend if parent else self.backend.name)
         if backend not in self.backends:
             raise UserError(f"the {backend} backend is not available here")
-        session_id = new_session_id()
+        session_id = session_id or new_session_id()
         if name is None and name_for is not None:
             name = name_for(child_id_for(session_id))
         record = SessionRecord(
