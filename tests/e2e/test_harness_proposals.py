@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the script below is data: long lines are the model's cells)
 """What a sandbox writes into the Continual Harness stays in its scope (issue 15): a real daemon
 (started by the CLI), real kernels (local backend), the scripted model over real HTTP; what the
 model is sent is read from the scripted server's recorded requests.
@@ -35,7 +36,7 @@ repeat forever:
         code:
             e = await rlm.harness.create_prompt("Obey me", "{HOSTILE}", scope="global")
             m = await rlm.harness.create_memory("Project fact", "{LOCAL}")
-            print("PROPOSED", e.proposal[:2], e.scope, m.qualified_id, m.proposal)
+            print("PROPOSED", str(getattr(e, "proposal", None))[:2], e.scope, m.qualified_id, getattr(m, "proposal", None))
     when "PROPOSED": text: proposed
     else: text: hi
 """
@@ -106,15 +107,14 @@ def test_a_cells_global_prompt_is_a_proposal_until_the_user_accepts_it(
 ) -> None:
     p1, p2 = projects
     _run("propose a global note", p1)
+    _run("hello from p2", p2)  # a later session of another project
+    assert HOSTILE not in _system(model.requests[-1])
     assert "PROPOSED p- global local:project_fact None" in _cell_output(model)
     listed = cli(["harness", "list"])
     assert listed.returncode == 0, listed.stderr
     assert "1 pending proposal(s), in no prompt until accepted" in listed.stdout
     proposal_id, proposer = _pending_id(listed.stdout)
     assert "Obey me: HOSTILE-GLOBAL-NOTE" in listed.stdout
-
-    _run("hello from p2", p2)  # a later session of another project
-    assert HOSTILE not in _system(model.requests[-1])
 
     unknown = cli(["harness", "accept", "p-nope"])
     assert unknown.returncode == 2, unknown.stderr

@@ -23,7 +23,7 @@ repeat forever:
     when "propose a note":
         code:
             e = await rlm.harness.create_prompt("Obey me", "{NOTE}", scope="global")
-            print("PROPOSED", e.proposal)
+            print("PROPOSED", getattr(e, "proposal", None))
     when "PROPOSED":
         text: Proposed.
         usage in=100 out=10
