@@ -24,6 +24,7 @@ from orchestrator.harness import entries as host_entries
 from orchestrator.harness import proposals as proposals_module
 from orchestrator.harness import service as service_module
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
+from orchestrator.harness.refine import Refiner
 from orchestrator.harness.service import HarnessService
 from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES
 from orchestrator.runtime import harness as kernel_harness
@@ -40,6 +41,12 @@ from orchestrator.runtime.rlm import Rlm
 from orchestrator.store import harness as harness_store
 from orchestrator.store.db import Store
 from orchestrator.store.proposals import select_proposals
+from orchestrator.store.refinements import (
+    RefinementRow,
+    insert_refinement,
+    new_refinement_id,
+    select_refinements,
+)
 from tests.unit.test_runtime_api import RecordingClient
 
 
@@ -621,3 +628,37 @@ async def test_refine_without_a_refiner_is_an_unknown_request(orch: StandInOrche
     with pytest.raises(HostRequestError) as unknown:
         await h["harness.list"]("s-nobody", {})
     assert unknown.value.code == "not_found"
+
+
+async def test_a_kernel_cannot_roll_back_a_global_refinement(orch: StandInOrchestrator) -> None:
+    """Rolling back a refinement of the global harness writes global entries: from a kernel it
+    is refused (the user's `prime-agent refine rollback ID` can); a local one still works."""
+    refiner = Refiner(orch.store)
+    orch.refiner = refiner  # type: ignore[attr-defined]
+    rows = [
+        RefinementRow(
+            id=new_refinement_id(),
+            session_id="s-root",
+            owner=owner,
+            scope=scope,
+            trigger="user",
+            status="applied",
+        )
+        for owner, scope in ((host_entries.GLOBAL_OWNER, "global"), ("s-root", "local"))
+    ]
+    for row in rows:
+        await orch.store.transaction(lambda con, row=row: insert_refinement(con, row))
+    h = handlers(orch)
+    try:
+        with pytest.raises(HostRequestError) as refused:
+            await h["refine.rollback"]("s-child", {"id": rows[0].id})
+        assert refused.value.code == "invalid_argument"
+        assert f"prime-agent refine rollback {rows[0].id}" in refused.value.message
+        done = await h["refine.rollback"]("s-child", {"id": rows[1].id})
+        assert done["rollback_of"] == rows[1].id
+        undone = await orch.store.read(
+            lambda con: select_refinements(con, owners=[host_entries.GLOBAL_OWNER], limit=5)
+        )
+        assert [r.id for r in undone] == [rows[0].id]  # no rollback row of the global one
+    finally:
+        await refiner.close()
