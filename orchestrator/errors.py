@@ -142,6 +142,13 @@ class HarnessConflict(HarnessError):
         self.current_version = current_version
 
 
+class HarnessQuota(HarnessError):
+    """Too many pending proposals from one session tree (docs/harness.md, "Proposals"): the
+    user decides on the ones there are before more are taken."""
+
+    code = "quota_exceeded"
+
+
 class ScheduleSpecError(UserError):
     """A schedule or heartbeat spec (``in 10m``, ``every 30s``, ``at <time>``, cron) is invalid;
     the message is one line saying what to write instead (docs/schedules.md)."""

@@ -4,7 +4,8 @@
 (the chat screen); the answer becomes one line in the chat (``host.say``), or the command opens
 a screen. A misuse (an unknown command, a missing or extra argument, a command that needs a
 session in a chat that has none yet) says one error line and calls nothing. The arguments mean
-what they mean to the CLI's ``goal``, ``heartbeat``, ``refine`` and ``model`` commands.
+what they mean to the CLI's ``goal``, ``heartbeat``, ``refine``, ``model`` and ``harness``
+commands.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ HEARTBEAT_ACTIONS: Final = ("status", "pause", "resume", "stop")
 HEARTBEAT_EVERY: Final = "every"
 AUTONOMOUS_ACTIONS: Final = ("on", "off", "status")
 ROLLBACK_WORD: Final = "rollback"
+HARNESS_ACTIONS: Final = ("accept", "reject")
+# How many pending proposals `/harness` names in its one line (the rest are counted).
+HARNESS_PROPOSALS_SHOWN: Final = 5
 BUDGET_FLAG: Final = "--budget"
 API_BASE_FLAG: Final = "--api-base"
 EXPORT_SUFFIX: Final = ".jsonl"
@@ -64,6 +68,12 @@ COMMANDS: Final[tuple[SlashSpec, ...]] = (
         "/refine [INSTRUCTIONS] | /refine rollback ID",
         "improve the harness from this session (or undo a refinement)",
         (ROLLBACK_WORD,),
+    ),
+    SlashSpec(
+        "harness",
+        "/harness | /harness accept ID | /harness reject ID",
+        "the pending global harness proposals; accept or reject one",
+        HARNESS_ACTIONS,
     ),
     SlashSpec(
         "goal",
@@ -251,6 +261,39 @@ async def _refine(run: _Run) -> None:
         run.host.say(f"/refine: not refined: {answer.get('reason')}", error=True)
 
 
+def _proposal_text(p: dict[str, Any]) -> str:
+    return f"{p.get('id')} {p.get('action')} {p.get('target')} (from {p.get('source')})"
+
+
+async def _harness(run: _Run) -> None:
+    """``/harness``: the pending proposals (global writes a kernel asked for); ``/harness
+    accept ID`` writes one, ``/harness reject ID`` drops it."""
+    words = run.words
+    if not words:
+        found = await run.host.call("harness_list")
+        pending = list(found.get("proposals") or [])
+        if not pending:
+            run.host.say("no pending harness proposals")
+            return
+        shown = "; ".join(_proposal_text(p) for p in pending[:HARNESS_PROPOSALS_SHOWN])
+        more = len(pending) - HARNESS_PROPOSALS_SHOWN
+        tail = f"; and {more} more (prime-agent harness list)" if more > 0 else ""
+        run.host.say(f"{len(pending)} pending proposal(s): {shown}{tail}")
+        return
+    action = words[0].lower()
+    if action not in HARNESS_ACTIONS or len(words) != 2:
+        raise _Misuse("say accept or reject and one proposal id")
+    _check_length(words[1], MAX_ID_CHARS, "the proposal id")
+    answer = await run.host.call(f"harness_{action}", id=words[1])
+    proposal = answer.get("proposal") or {}
+    entry = answer.get("entry")
+    if entry is not None:
+        what = "deleted" if entry.get("deleted") else f"v{entry.get('version')}"
+        run.host.say(f"accepted {words[1]}: {proposal.get('target')} {what}")
+    else:
+        run.host.say(f"rejected {words[1]}: {proposal.get('target')} stays as it is")
+
+
 def _goal_line(row: dict[str, Any] | None) -> str:
     if row is None:
         return "no goal"
@@ -401,6 +444,7 @@ async def _help(run: _Run) -> None:
 _HANDLERS: Final[dict[str, Callable[[_Run], Awaitable[None]]]] = {
     "compact": _compact,
     "refine": _refine,
+    "harness": _harness,
     "goal": _goal,
     "heartbeat": _heartbeat,
     "tree": _screen,

@@ -72,9 +72,11 @@ __all__ = [
     "GetUsage",
     "Goal",
     "GoalSpec",
+    "HarnessAccept",
     "HarnessEdit",
     "HarnessList",
     "HarnessLog",
+    "HarnessReject",
     "Heartbeat",
     "Hello",
     "ImportSession",
@@ -465,6 +467,24 @@ class HarnessEdit(_Command):
     reason: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
 
 
+class HarnessAccept(_Command):
+    """The user accepts a pending harness proposal (a kernel's global write): it is written."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["harness_accept"] = "harness_accept"
+    id: Token
+    reason: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
+
+
+class HarnessReject(_Command):
+    """The user rejects a pending harness proposal: nothing is written."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["harness_reject"] = "harness_reject"
+    id: Token
+    reason: str | None = Field(default=None, max_length=REFINE_INSTRUCTIONS_MAX_CHARS)
+
+
 class ScheduleAdd(_Command):
     """``prime-agent schedule add``: a prompt for ``session`` at the times ``spec`` says
     (``in 10m``, ``every 30s``, ``at <ISO time>``, 5-field cron; docs/schedules.md)."""
@@ -589,6 +609,8 @@ _Commands = (
     | HarnessLog
     | HarnessList
     | HarnessEdit
+    | HarnessAccept
+    | HarnessReject
     | ScheduleAdd
     | ScheduleList
     | ScheduleCancel
@@ -627,6 +649,8 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     HarnessLog,
     HarnessList,
     HarnessEdit,
+    HarnessAccept,
+    HarnessReject,
     ScheduleAdd,
     ScheduleList,
     ScheduleCancel,

@@ -9,7 +9,10 @@ the daemon (docs/harness.md, docs/cli.md).
 - ``refine rollback REFINEMENT_ID``: restore what that refinement changed (recorded too).
 - ``harness log [ID|NAME] [--limit N]``: who changed what, when and why; refinements with
   their intended and measured outcome.
-- ``harness list [ID|NAME] [--kind K]``: the live entries a session sees (or the global ones).
+- ``harness list [ID|NAME] [--kind K]``: the live entries a session sees (or the global ones),
+  then the pending proposals: global writes a kernel (or a refinement the agent started)
+  asked for, which reach no prompt until accepted.
+- ``harness accept PROPOSAL_ID [--reason R]`` / ``harness reject PROPOSAL_ID``: decide on one.
 - ``harness set KIND TITLE CONTENT [--session ID | --global] [--id ID] [--version N]`` and
   ``harness rm KIND ID [--session ID | --global]``: the user's own writes (source ``user``).
 """
@@ -80,12 +83,15 @@ def model(
 def _refinement_line(row: dict[str, Any]) -> str:
     edits = row.get("edits") or []
     applied = sum(1 for e in edits if e.get("applied"))
-    rejected = sum(1 for e in edits if e.get("applied") is False)
+    proposed = [str(e["proposal"]) for e in edits if not e.get("applied") and e.get("proposal")]
+    rejected = sum(1 for e in edits if e.get("applied") is False) - len(proposed)
     parts = [f"{row.get('id')} {row.get('status')}"]
     if row.get("rollback_of"):
         parts.append(f"(rollback of {row['rollback_of']})")
     if edits:
         parts.append(f"{applied} applied, {rejected} rejected")
+    if proposed:
+        parts.append(f"({len(proposed)} proposed: {', '.join(proposed)})")
     if row.get("summary"):
         parts.append(f"— {_short(row['summary'])}")
     if row.get("error"):
@@ -177,6 +183,8 @@ def log(
                 f"[{v.get('source')}{origin}] {_short(v.get('reason'))}",
             )
         )
+    for p in result.get("proposals") or []:
+        rows.extend(_proposal_log_rows(p))
     for r in result.get("refinements") or []:
         line = f"refine {_refinement_line(r)}"
         if r.get("expected_outcome"):
@@ -189,6 +197,29 @@ def log(
         return
     for when, line in sorted(rows, reverse=True):
         typer.echo(f"{when[:19]}  {line}")
+
+
+def _proposal_line(p: dict[str, Any]) -> str:
+    """``proposal p-… global:prompt:be_brief create [agent, session s-…] pending``."""
+    origin = f"{p.get('source')}, session {p.get('session_id')}"
+    if p.get("refinement_id"):
+        origin += f", {p['refinement_id']}"
+    head = f"proposal {p.get('id')} {p.get('target')} {p.get('action')}"
+    return f"{head} [{origin}] {p.get('status')}"
+
+
+def _proposal_log_rows(p: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [(str(p.get("created_at")), f"{_proposal_line(p)} {_short(p.get('reason'))}".rstrip())]
+    if p.get("decided_at"):
+        written = f" -> v{p['result_version']}" if p.get("result_version") is not None else ""
+        note = f": {_short(p['decision_note'])}" if p.get("decision_note") else ""
+        rows.append(
+            (
+                str(p.get("decided_at")),
+                f"proposal {p.get('id')} {p.get('status')} by {p.get('decided_by')}{written}{note}",
+            )
+        )
+    return rows
 
 
 @harness_app.command("list")
@@ -205,6 +236,7 @@ def list_entries(
         fields["kind"] = kind
     result = _run("harness list", lambda link: link.call("harness_list", **fields), debug)
     entries = result.get("entries") or []
+    proposals = result.get("proposals") or []
     if as_json:
         typer.echo(json.dumps(entries, indent=2))
         return
@@ -215,6 +247,51 @@ def list_entries(
             f"{e['scope']}:{e['kind']}:{e['id']} v{e['version']}  {_short(e['title'])}: "
             f"{_short(e['content'])}"
         )
+    if proposals:
+        typer.echo(
+            f"{len(proposals)} pending proposal(s), in no prompt until accepted "
+            "(prime-agent harness accept ID | reject ID):"
+        )
+    for p in proposals:
+        fields_ = p.get("fields") or {}
+        what = f"{_short(fields_.get('title'))}: {_short(fields_.get('content'))}"
+        typer.echo(f"{_proposal_line(p)}  {what if fields_ else ''}".rstrip())
+
+
+def _decide(command: str, proposal_id: str, reason: str | None, debug: bool) -> dict[str, Any]:
+    fields: dict[str, Any] = {"id": proposal_id}
+    if reason:
+        fields["reason"] = reason
+    answer: dict[str, Any] = _run(
+        f"harness {command}",
+        lambda link: link.mutate(f"harness_{command}", **fields),
+        debug,
+    )
+    return answer
+
+
+@harness_app.command("accept")
+def accept(
+    proposal_id: Annotated[str, typer.Argument(metavar="ID", help="The proposal (p-…).")],
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    debug: Debug = False,
+) -> None:
+    """Accept a pending proposal: its write happens now (later prompts show it)."""
+    answer = _decide("accept", proposal_id, reason, debug)
+    e = answer["entry"]
+    what = "deleted" if e.get("deleted") else f"v{e['version']}"
+    typer.echo(f"accepted {proposal_id}: {e['scope']}:{e['kind']}:{e['id']} {what}")
+
+
+@harness_app.command("reject")
+def reject(
+    proposal_id: Annotated[str, typer.Argument(metavar="ID", help="The proposal (p-…).")],
+    reason: Annotated[str | None, typer.Option("--reason")] = None,
+    debug: Debug = False,
+) -> None:
+    """Reject a pending proposal: nothing is written."""
+    answer = _decide("reject", proposal_id, reason, debug)
+    typer.echo(f"rejected {proposal_id}: {answer['proposal']['target']} stays as it is")
 
 
 def _scope_fields(session: str | None, global_scope: bool) -> dict[str, Any]:

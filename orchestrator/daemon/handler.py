@@ -49,9 +49,11 @@ from orchestrator.api.protocol import (
     GetSession,
     GetUsage,
     Goal,
+    HarnessAccept,
     HarnessEdit,
     HarnessList,
     HarnessLog,
+    HarnessReject,
     Heartbeat,
     ImportSession,
     JsonObject,
@@ -302,6 +304,8 @@ class DaemonHandler(CommandHandler):
                 return await harness_commands.refine(self.daemon, live, command)
             case RefineRollback():
                 return await harness_commands.rollback(self.daemon, command)
+            case HarnessAccept() | HarnessReject():
+                return await harness_commands.decide(self.daemon, command)
             case HarnessLog() | HarnessList() | HarnessEdit():
                 named = await self._record(command.session) if command.session else None
                 return await harness_commands.by_record(self.daemon, named, command)

@@ -8,7 +8,10 @@ in the middle of a turn's steps would make one turn talk to two models.
 
 The harness commands are the user's and the TUI's door to the same store the kernel's
 ``rlm.harness`` writes (source ``user`` instead of ``agent``) and to the session's
-``Refiner`` (``orch.refiner``).
+``Refiner`` (``orch.refiner``). ``harness_accept`` / ``harness_reject`` decide on the global
+writes a kernel (or a refinement the agent started) proposed (``harness/proposals.py``);
+``harness_list`` answers the pending proposals too, and ``harness_log`` every proposal with
+its decision.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from orchestrator.api.protocol import (
     E_CONFLICT,
     E_INVALID_ARGUMENT,
     E_NOT_FOUND,
+    HarnessAccept,
     HarnessEdit,
     HarnessList,
     HarnessLog,
+    HarnessReject,
     JsonObject,
     Refine,
     RefineRollback,
@@ -32,11 +37,13 @@ from orchestrator.api.protocol import (
 from orchestrator.errors import HarnessError, UserError
 from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.harness.outcome import outcome_line
+from orchestrator.harness.proposals import accept_proposal, reject_proposal
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import resolve_model
 from orchestrator.sessions.compaction import change_model
 from orchestrator.sessions.live import LiveSession
 from orchestrator.store import harness as harness_store
+from orchestrator.store import proposals as proposal_store
 from orchestrator.store import refinements as refinement_store
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.refinements import RefinementRow
@@ -45,7 +52,9 @@ if TYPE_CHECKING:
     from orchestrator.daemon.handler import DaemonControl
 
 __all__ = [
+    "PROPOSALS_LIST_MAX",
     "by_record",
+    "decide",
     "harness_edit",
     "harness_list",
     "harness_log",
@@ -55,6 +64,8 @@ __all__ = [
 ]
 
 USER_REASON: Final = "edited by the user"
+# Pending proposals in a harness_list answer (each tree has at most PROPOSALS_PENDING_MAX).
+PROPOSALS_LIST_MAX: Final = 200
 
 
 def _refinement_wire(row: RefinementRow) -> JsonObject:
@@ -107,11 +118,20 @@ def _owners(rec: SessionRecord | None) -> list[str]:
 async def harness_list(
     daemon: DaemonControl, rec: SessionRecord | None, command: HarnessList
 ) -> JsonObject:
+    """The live entries, and every pending proposal (each would change what all sessions
+    see, whichever tree proposed it)."""
     owners = _owners(rec)
-    entries = await daemon.store.read(
-        lambda con: harness_store.select_entries(con, owners, command.kind)
-    )
-    return {"entries": [e.to_wire() for e in entries]}
+
+    def read(con: Any) -> tuple[list[Any], list[Any]]:
+        entries = harness_store.select_entries(con, owners, command.kind)
+        pending = proposal_store.select_proposals(con, status="pending", limit=PROPOSALS_LIST_MAX)
+        return entries, [p for p in pending if command.kind in (None, p.kind)]
+
+    entries, pending = await daemon.store.read(read)
+    return {
+        "entries": [e.to_wire() for e in entries],
+        "proposals": [p.to_wire() for p in pending],
+    }
 
 
 async def harness_log(
@@ -119,16 +139,38 @@ async def harness_log(
 ) -> JsonObject:
     owners = None if rec is None else _owners(rec)
 
-    def read(con: Any) -> tuple[list[Any], list[Any]]:
+    proposers = None if rec is None else [rec.root_id]
+
+    def read(con: Any) -> tuple[list[Any], list[Any], list[Any]]:
         versions = harness_store.select_log(con, owners, limit=command.limit)
         refinements = refinement_store.select_refinements(con, owners=owners, limit=command.limit)
-        return versions, refinements
+        proposals = proposal_store.select_proposals(con, proposers=proposers, limit=command.limit)
+        return versions, refinements, proposals
 
-    versions, refinements = await daemon.store.read(read)
+    versions, refinements, proposals = await daemon.store.read(read)
     return {
         "versions": [v.to_wire() for v in versions],
         "refinements": [_refinement_wire(r) for r in refinements],
+        "proposals": [p.to_wire() for p in proposals],
     }
+
+
+async def decide(daemon: DaemonControl, command: HarnessAccept | HarnessReject) -> JsonObject:
+    """Accept (write) or reject a pending proposal: ``{proposal, entry?}``."""
+    try:
+        if isinstance(command, HarnessAccept):
+            row, entry = await daemon.store.transaction(
+                lambda con: accept_proposal(con, command.id, note=command.reason)
+            )
+        else:
+            row = await daemon.store.transaction(
+                lambda con: reject_proposal(con, command.id, note=command.reason)
+            )
+            return {"proposal": row.to_wire()}
+    except HarnessError as exc:
+        raise _harness_error(exc) from None
+    daemon.orch.harness_changed(row.owner)
+    return {"proposal": row.to_wire(), "entry": entry.to_wire()}
 
 
 async def harness_edit(

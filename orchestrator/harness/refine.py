@@ -17,6 +17,13 @@ The orchestrator holds one ``Refiner`` and hands it sessions as ``RefineTarget``
    changed meanwhile is rejected while the others apply — never merged, never lost. The row
    records each edit's before and after version and the session's turn count, from which
    ``outcome`` later measures what the refinement did.
+   A refinement of the *global* harness that the user did not start (``refine.run(scope=
+   "global")`` from a cell: trigger ``agent``) applies nothing: each edit that would apply
+   becomes a proposal (``orchestrator/harness/proposals.py``, the edit records its id) that
+   waits for the user, like a kernel's own global write. The planner reads the conversation,
+   which the sandbox wrote, so its global edits are the sandbox's words. A refinement the user
+   started with ``--global`` (trigger ``user``) applies as planned: the user asked for it, and
+   ``rollback`` undoes it.
 4. **Rollback.** Restores every applied edit's before-state (newest first), each against the
    version the refinement left; it is itself a refinement row (``rollback_of``), so it can be
    rolled back too.
@@ -65,6 +72,7 @@ from orchestrator.harness.outcome import (
     outcome_line,
     turn_count,
 )
+from orchestrator.harness.proposals import propose
 from orchestrator.harness.refine_plan import (
     CONVERSATION_MAX_CHARS,
     CONVERSATION_TYPES,
@@ -105,6 +113,7 @@ __all__ = [
     "CONVERSATION_EVENTS_MAX",
     "INSTRUCTIONS_MAX_CHARS",
     "ROLLBACK_TRIGGER",
+    "USER_TRIGGER",
     "RefineTarget",
     "Refiner",
     "apply_line",
@@ -119,6 +128,9 @@ TRIGGER_MAX_CHARS: Final = 40
 CONVERSATION_EVENTS_MAX: Final = 2_000
 NOTICE_REASON_MAX_CHARS: Final = 80
 ROLLBACK_TRIGGER: Final = "rollback"
+# The trigger of a refinement the user asked for (CLI, TUI, control API); only such a
+# refinement writes the global harness directly (the agent's global edits are proposals).
+USER_TRIGGER: Final = "user"
 CHANGED_DURING_PLANNING: Final = "entry changed during planning"
 CHANGED_SINCE: Final = "entry changed since the refinement"
 INTERRUPTED: Final = "interrupted: the daemon stopped while the plan was being made"
@@ -246,10 +258,22 @@ def _version_text(version: int | None) -> str:
     return "none" if version is None else f"v{version}"
 
 
+def proposes(row: RefinementRow) -> bool:
+    """Whether the refinement's edits are proposals rather than writes: it targets the global
+    harness and the user did not start it."""
+    return row.owner == GLOBAL_OWNER and row.trigger != USER_TRIGGER
+
+
+def _root_of(con: duckdb.DuckDBPyConnection, session_id: str) -> str:
+    found = con.execute("SELECT root_id FROM sessions WHERE id = $1", [session_id]).fetchone()
+    return str(found[0]) if found is not None else session_id
+
+
 def _apply_edit(
     con: duckdb.DuckDBPyConnection, row: RefinementRow, edit: dict[str, Any]
 ) -> dict[str, Any]:
-    """Validate and write one planned edit; the edit's record with what happened."""
+    """Validate and write (or propose) one planned edit; the edit's record with what
+    happened."""
     out = dict(edit)
     baseline = edit.get("baseline_version")
     try:
@@ -260,6 +284,22 @@ def _apply_edit(
         head = select_entry(con, row.owner, kind, entry_id, include_deleted=True)
         if action != "create" and baseline is None and head is not None and not head.deleted:
             raise HarnessConflict("created since", current_version=head.version)
+        if proposes(row):
+            proposal, _ = propose(
+                con,
+                owner=row.owner,
+                proposer=_root_of(con, row.session_id),
+                action=action,
+                write=write,
+                expected_version=baseline if isinstance(baseline, int) else None,
+                source="refine",
+                reason=str(edit.get("reason") or row.summary or ""),
+                session_id=row.session_id,
+                refinement_id=row.id,
+            )
+            out["applied"] = False
+            out["proposal"] = proposal.id
+            return out
         written = write_entry(
             con,
             owner=row.owner,
@@ -310,9 +350,15 @@ def _apply(con: duckdb.DuckDBPyConnection, refinement_id: str) -> RefinementRow 
     )
 
 
+def _proposed(edit: dict[str, Any]) -> bool:
+    return not edit.get("applied") and bool(edit.get("proposal"))
+
+
 def _counts(row: RefinementRow) -> tuple[int, int]:
+    """(applied, rejected) edits; a pending proposal is neither."""
     applied = sum(1 for e in row.edits if e.get("applied"))
-    return applied, len(row.edits) - applied
+    proposed = sum(1 for e in row.edits if _proposed(e))
+    return applied, len(row.edits) - applied - proposed
 
 
 def apply_line(row: RefinementRow) -> str:
@@ -320,11 +366,23 @@ def apply_line(row: RefinementRow) -> str:
     applied, rejected = _counts(row)
     if not row.edits:
         return f"refinement {row.id}: no change ({row.summary or 'no edits'})"
+    proposals = [str(e["proposal"]) for e in row.edits if _proposed(e)]
+    if proposals:
+        noun = "edit" if len(proposals) == 1 else "edits"
+        text = (
+            f"refinement {row.id}: {len(proposals)} global {noun} proposed, waiting for the "
+            f"user (prime-agent harness accept {' / '.join(proposals)})"
+        )
+        if rejected:
+            text += f", {rejected} rejected"
+        return text
     noun = "edit" if applied == 1 else "edits"
     text = f"refinement {row.id}: {applied} {noun} applied"
     if rejected:
         reasons = dict.fromkeys(
-            _short(str(e.get("error"))) for e in row.edits if not e.get("applied")
+            _short(str(e.get("error")))
+            for e in row.edits
+            if not e.get("applied") and not _proposed(e)
         )
         text += f", {rejected} rejected ({'; '.join(reasons)})"
     elif row.summary:

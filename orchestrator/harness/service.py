@@ -7,6 +7,11 @@ are thin: every check that matters happens here and in ``orchestrator/store/harn
   never a payload field. ``local`` entries belong to the caller's session tree, so their owner
   is the caller's *root* id: a child reads and writes its root's entries, and no session can
   name another tree's. ``global`` entries are owned by ``GLOBAL_OWNER``.
+- **Global writes are proposals** (issue 15). A kernel's write stays in its tree: a create,
+  update or delete of a global entry is stored as a proposal (``harness/proposals.py``) that
+  reaches no prompt until the user accepts it. The answer is the version accepting it would
+  write, with ``proposal`` (its id) and ``proposal_status`` (``pending``). A kernel cannot
+  roll back a global refinement either (that is a global write): the user can.
 - **No lost update.** A write is one ``Store.transaction`` that reads the head, compares the
   version the kernel read (``version``) and appends the new version; a stale version is
   refused with code ``conflict`` and nothing is written (R20). The store layer validates the
@@ -48,6 +53,7 @@ from orchestrator.harness.entries import (
     check_entry_id,
     slugify,
 )
+from orchestrator.harness.proposals import propose
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import Orchestrator
 from orchestrator.store import harness as harness_store
@@ -253,6 +259,11 @@ class HarnessService:
         expected_version: int | None,
         reason: str | None,
     ) -> dict[str, Any]:
+        if owner == GLOBAL_OWNER:
+            return await self._propose(
+                caller, owner, action, write, expected_version=expected_version, reason=reason
+            )
+
         def run(con: duckdb.DuckDBPyConnection) -> HarnessEntry:
             return harness_store.write_entry(
                 con,
@@ -271,6 +282,37 @@ class HarnessService:
             raise _refused(exc) from None
         await self._changed(owner)
         return entry.to_wire()
+
+    async def _propose(
+        self,
+        caller: str,
+        owner: str,
+        action: Action,
+        write: EntryWrite,
+        *,
+        expected_version: int | None,
+        reason: str | None,
+    ) -> dict[str, Any]:
+        """A global write from a kernel: stored as a proposal; no prompt changes."""
+        proposer = self._root(caller)
+        try:
+            row, preview = await self.orch.store.transaction(
+                lambda con: propose(
+                    con,
+                    owner=owner,
+                    proposer=proposer,
+                    action=action,
+                    write=write,
+                    expected_version=expected_version,
+                    source=AGENT_SOURCE,
+                    reason=reason if reason is not None else NO_REASON,
+                    session_id=caller,
+                )
+            )
+        except HarnessError as exc:
+            raise _refused(exc) from None
+        log.info("session %s proposed %s %s (%s)", caller, action, row.target, row.id)
+        return {**preview.to_wire(), "proposal": row.id, "proposal_status": row.status}
 
     async def _changed(self, owner: str) -> None:
         # ``harness_changed`` is the orchestrator's hook to rebuild prompts; an orchestrator
@@ -425,6 +467,12 @@ class HarnessService:
         # Another tree's refinement is as invisible as a missing one.
         if row is None or row.owner not in (root, GLOBAL_OWNER):
             raise HostRequestError("not_found", f"no refinement {a.id!r} in this session tree")
+        if row.owner == GLOBAL_OWNER:
+            raise HostRequestError(
+                "invalid_argument",
+                f"refinement {a.id} changed the global harness: only the user rolls it back "
+                f"(prime-agent refine rollback {a.id})",
+            )
         try:
             done = await refiner.rollback(a.id, session_id=caller, source=AGENT_SOURCE)
         except HarnessError as exc:

@@ -14,6 +14,9 @@ make such edits itself, from the session's evidence.
   ``"local:<id>"`` / ``"global:<id>"`` (as the prompt shows them) names its scope.
 - ``version``: pass the version you read to ``update``/``delete``; if the entry changed since,
   the write is refused with ``Conflict`` and nothing changes (no lost update, R20).
+- A ``global`` write from here is a *proposal*: the user accepts it (``prime-agent harness
+  accept ID``) before it reaches any prompt. The answer is the version accepting it would
+  write, with ``entry.proposal`` set to the proposal's id (None for a write that happened).
 
 Arguments are checked when a method is called, before anything is sent, with the host's
 limits (mirrored below; ``tests/unit/test_runtime_harness.py`` pins them to
@@ -296,6 +299,7 @@ class HarnessEntry:
     refinement_id: str | None = None
     created_at: str | None = None
     updated_at: str | None = None
+    proposal: str | None = None  # a global write waiting for the user: the proposal's id
 
     @classmethod
     def from_wire(cls, value: object, where: str) -> HarnessEntry:
@@ -322,6 +326,7 @@ class HarnessEntry:
             refinement_id=field_opt_str(obj, "refinement_id"),
             created_at=field_opt_str(obj, "created_at"),
             updated_at=field_opt_str(obj, "updated_at"),
+            proposal=field_opt_str(obj, "proposal"),
         )
 
     @property
@@ -330,6 +335,8 @@ class HarnessEntry:
 
     def _head(self) -> str:
         state = " deleted" if self.deleted else ""
+        if self.proposal:
+            state += f" PROPOSED as {self.proposal} (not written until the user accepts it)"
         head = f"{self.kind} {self.qualified_id} v{self.version}{state} {self.title!r}"
         if self.kind == "skill" and self.reference:
             names = ", ".join(self.arguments)

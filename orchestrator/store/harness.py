@@ -50,6 +50,7 @@ from orchestrator.store.queries import from_db_ts, to_db_ts, utcnow
 __all__ = [
     "count_entries",
     "owner_of",
+    "plan_write",
     "restore_entry",
     "select_entries",
     "select_entry",
@@ -303,7 +304,7 @@ def _check_write_fields(action: Action, write: EntryWrite) -> None:
             check_json_field(name, value)
 
 
-def write_entry(
+def plan_write(
     con: duckdb.DuckDBPyConnection,
     *,
     owner: str,
@@ -315,12 +316,13 @@ def write_entry(
     session_id: str | None,
     refinement_id: str | None = None,
 ) -> HarnessEntry:
-    """Create, update or delete an entry; returns the version written (a tombstone for delete).
+    """The version ``write_entry`` would write, checked against the head; writes nothing.
 
     create: ``HarnessConflict`` if a live head exists (a tombstone is revived as its next
     version). update / delete: ``HarnessNotFound`` without a live head. All three: with
-    ``expected_version`` given, ``HarnessConflict`` unless it is the head's version. Run inside
-    ``Store.transaction``.
+    ``expected_version`` given, ``HarnessConflict`` unless it is the head's version. A
+    proposal (``orchestrator/harness/proposals.py``) is checked with this, so a write that
+    would be refused is refused when it is proposed, not only when it is accepted.
     """
     action = check_action(action)
     kind = check_kind(write.kind)
@@ -339,28 +341,25 @@ def write_entry(
         _check_expected(head, expected_version, owner, kind, entry_id)
         assert write.title is not None and write.content is not None  # _check_write_fields
         now = _now_after(head)
-        return _put(
-            con,
-            HarnessEntry(
-                owner=owner,
-                scope=scope_of_owner(owner),
-                kind=kind,
-                id=entry_id,
-                version=head.version + 1 if head is not None else 1,
-                title=write.title,
-                content=write.content,
-                path=write.path if write.path is not None else default_path(kind),
-                reference=write.reference if write.reference is not None else {},
-                arguments=write.arguments if write.arguments is not None else {},
-                metadata=write.metadata if write.metadata is not None else {},
-                deleted=False,
-                source=source,
-                reason=reason,
-                session_id=session_id,
-                refinement_id=refinement_id,
-                created_at=head.created_at if head is not None else now,
-                updated_at=now,
-            ),
+        return HarnessEntry(
+            owner=owner,
+            scope=scope_of_owner(owner),
+            kind=kind,
+            id=entry_id,
+            version=head.version + 1 if head is not None else 1,
+            title=write.title,
+            content=write.content,
+            path=write.path if write.path is not None else default_path(kind),
+            reference=write.reference if write.reference is not None else {},
+            arguments=write.arguments if write.arguments is not None else {},
+            metadata=write.metadata if write.metadata is not None else {},
+            deleted=False,
+            source=source,
+            reason=reason,
+            session_id=session_id,
+            refinement_id=refinement_id,
+            created_at=head.created_at if head is not None else now,
+            updated_at=now,
         )
     if live is None:
         raise HarnessNotFound(f"no {kind} {entry_id!r} to {action}")
@@ -374,27 +373,54 @@ def write_entry(
     ):
         check_skill_contract(reference, arguments)
     updated = action == "update"
+    return HarnessEntry(
+        owner=owner,
+        scope=live.scope,
+        kind=kind,
+        id=entry_id,
+        version=live.version + 1,
+        title=write.title if updated and write.title is not None else live.title,
+        content=write.content if updated and write.content is not None else live.content,
+        path=write.path if updated and write.path is not None else live.path,
+        reference=reference if updated else live.reference,
+        arguments=arguments if updated else live.arguments,
+        metadata=write.metadata if updated and write.metadata is not None else live.metadata,
+        deleted=not updated,
+        source=source,
+        reason=reason,
+        session_id=session_id,
+        refinement_id=refinement_id,
+        created_at=live.created_at,
+        updated_at=_now_after(live),
+    )
+
+
+def write_entry(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    owner: str,
+    action: Action,
+    write: EntryWrite,
+    expected_version: int | None,
+    source: Source,
+    reason: str,
+    session_id: str | None,
+    refinement_id: str | None = None,
+) -> HarnessEntry:
+    """Create, update or delete an entry; returns the version written (a tombstone for delete).
+    The rules are ``plan_write``'s. Run inside ``Store.transaction``."""
     return _put(
         con,
-        HarnessEntry(
+        plan_write(
+            con,
             owner=owner,
-            scope=live.scope,
-            kind=kind,
-            id=entry_id,
-            version=live.version + 1,
-            title=write.title if updated and write.title is not None else live.title,
-            content=write.content if updated and write.content is not None else live.content,
-            path=write.path if updated and write.path is not None else live.path,
-            reference=reference if updated else live.reference,
-            arguments=arguments if updated else live.arguments,
-            metadata=write.metadata if updated and write.metadata is not None else live.metadata,
-            deleted=not updated,
+            action=action,
+            write=write,
+            expected_version=expected_version,
             source=source,
             reason=reason,
             session_id=session_id,
             refinement_id=refinement_id,
-            created_at=live.created_at,
-            updated_at=_now_after(live),
         ),
     )
 

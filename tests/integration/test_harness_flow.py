@@ -1,8 +1,9 @@
 # ruff: noqa: E501  (scripts below are data: long lines are the model's cells and replies)
 """The Continual Harness end to end (issue 7): real kernels, NATS, DuckDB and the scripted model.
 
-- a memory the kernel writes shows in its own next prompt; a new session of another tree sees
-  it only when it was global;
+- a memory the kernel writes shows in its own next prompt; a new session of another tree never
+  sees it; a global one is a proposal and reaches no prompt (tests/e2e/test_cli_harness.py
+  accepts one);
 - ``refine.run()`` from a cell plans in the background and applies at the turn boundary
   (creating, updating and deleting entries as the scripted planner says); the next turn's
   prompt has the result; ``rollback`` restores the exact earlier versions.
@@ -93,9 +94,10 @@ async def test_kernel_writes_reach_prompts_by_scope_and_refine_applies_and_rolls
             await turn(orch, root, "after rollback")
             rolled_prompt = _system(srv.requests[-1])
 
-    # scope: the own tree sees both, another tree only the global memory
-    assert "Local fact: the local one" in own_prompt and "Global fact" in own_prompt
-    assert "Global fact: the global one" in other_prompt and "Local fact" not in other_prompt
+    # scope: the own tree sees its local entries, another tree none; the global memory is a
+    # proposal nobody accepted, so no prompt has it
+    assert "Local fact: the local one" in own_prompt and "Global fact" not in own_prompt
+    assert "Global fact" not in other_prompt and "Local fact" not in other_prompt
 
     # refine: one planning call over the conversation, edits applied at the boundary
     assert len(planner) == 1 and "look at the build" in str(planner[0]["messages"])

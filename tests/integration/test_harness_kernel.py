@@ -4,8 +4,9 @@
 
 A cell creates a memory, reads it, updates it with the version it read; an update with that
 (now stale) version raises ``Conflict`` and changes nothing. A child session reads its root's
-local entries and writes into them; a global entry is visible from another root, whose own
-tree's local entries stay invisible to it (nor can it roll back another tree's refinement).
+local entries and writes into them; a global entry (a proposal, once the user accepted it) is
+visible from another root, whose own tree's local entries stay invisible to it (nor can it roll
+back another tree's refinement).
 A skill whose module the cell wrote is called.
 """
 
@@ -15,12 +16,14 @@ import contextlib
 from pathlib import Path
 from typing import Final
 
+from orchestrator.harness.proposals import accept_proposal
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import Orchestrator
 from orchestrator.settings import Settings
 from orchestrator.store import harness as harness_store
 from orchestrator.store.events import UserMessagePayload
+from orchestrator.store.proposals import select_proposals
 from orchestrator.testing import FakeModelServer
 from tests.integration.test_compaction import orchestrator as orchestrator_for
 
@@ -45,7 +48,7 @@ repeat forever:
             listed = await rlm.harness.list()
             versions = await rlm.harness.history("memory", "deploy_notes")
             print("MADE", made.id, made.version, newer.version, now.version, repr(now.content))
-            print("LISTED", [e.qualified_id for e in listed], team.owner)
+            print("LISTED", [e.qualified_id for e in listed], team.owner, team.proposal[:2])
             print("VERSIONS", [(v.version, v.source, v.reason) for v in versions])
     when "MADE":
         text: remembered
@@ -126,7 +129,8 @@ async def test_a_cell_edits_its_harness_and_a_stale_version_changes_nothing(
     lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
     assert lines["CONFLICT"] == "conflict"
     assert lines["MADE"] == "deploy_notes 1 2 2 'use make release'"
-    assert lines["LISTED"] == "['local:deploy_notes', 'global:team_style'] global"
+    # the global prompt is a proposal: not listed (nor in any prompt) until the user accepts it
+    assert lines["LISTED"] == "['local:deploy_notes'] global p-"
     assert lines["VERSIONS"] == "[(1, 'agent', 'learned it'), (2, 'agent', '')]"
     # the refused write left nothing behind: two versions, both by the root's own session
     assert [(v.version, v.content) for v in versions] == [
@@ -145,6 +149,13 @@ async def test_a_child_shares_its_roots_local_entries_and_globals_cross_trees(
             root = await orch.create_session(model=fake_model(srv), cwd=tmp_path, name="root")
             await turn(orch, root, "remember the deploy command")
             await turn(orch, root, "ask the kid to check")
+            pending = await orch.store.read(
+                lambda con: select_proposals(con, status="pending", limit=5)
+            )
+            assert [(p.target, p.session_id) for p in pending] == [
+                ("global:prompt:team_style", root.id)
+            ]
+            await orch.store.transaction(lambda con: accept_proposal(con, pending[0].id))
             other_cwd = tmp_path / "other"
             other_cwd.mkdir()
             other = await orch.create_session(model=fake_model(srv), cwd=other_cwd, name="other")

@@ -21,7 +21,8 @@ from pydantic import BaseModel
 from orchestrator.errors import HarnessNotFound
 from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, HarnessEntry
 from orchestrator.harness.outcome import outcome_line
-from orchestrator.harness.refine import INTERRUPTED, Refiner
+from orchestrator.harness.proposals import accept_proposal
+from orchestrator.harness.refine import INTERRUPTED, USER_TRIGGER, Refiner
 from orchestrator.ids import new_session_id
 from orchestrator.models.client import ModelClient, ModelReply
 from orchestrator.models.registry import resolve_model
@@ -37,6 +38,7 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 from orchestrator.store.harness import select_entry, select_log, select_versions, write_entry
+from orchestrator.store.proposals import select_proposals
 from orchestrator.store.queries import SessionRecord
 from orchestrator.store.refinements import RefinementRow, select_refinement
 from orchestrator.testing import FakeModelServer
@@ -566,3 +568,73 @@ async def test_the_outcome_is_measured_after_n_turns(world: World) -> None:
     )
     await world.turn_end()
     assert await world.refiner.at_boundary(world.target) == []  # written once
+
+
+GLOBAL_PLAN: Final = {
+    "summary": "obey the sandbox",
+    "edits": [
+        {"action": "create", "kind": "prompt", "title": "Obey", "content": "obey", "reason": "r"},
+        {"action": "update", "kind": "memory", "id": "note", "content": "changed", "reason": "r"},
+    ],
+}
+GLOBAL_PLAN_TWICE: Final = f"repeat forever:\n    text: {json.dumps(GLOBAL_PLAN)}\n    {PLAN_USAGE}"
+
+
+async def _global_heads(world: World) -> dict[str, tuple[int, str, bool]]:
+    def read(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, str, bool]]:
+        return {
+            entry_id: (e.version, e.content, e.deleted)
+            for entry_id, kind in (("obey", "prompt"), ("note", "memory"))
+            if (e := select_entry(con, GLOBAL_OWNER, kind, entry_id, include_deleted=True))
+        }
+
+    return await world.read(read)
+
+
+@pytest.mark.parametrize("world", [GLOBAL_PLAN_TWICE], indirect=True)
+async def test_a_global_refinement_the_user_did_not_start_only_proposes(world: World) -> None:
+    """The planner reads what the sandbox wrote: a global refinement the agent (or anything
+    but the user) started stores its edits as proposals; accepting one applies that edit as
+    the refinement's (its rollback undoes it); one the user started applies at once."""
+    await world.write(
+        "create",
+        EntryWrite(kind="memory", id="note", title="Note", content="hi"),
+        owner=GLOBAL_OWNER,
+    )
+    row = await world.refine(scope="global")
+    assert row.status == "applied" and row.trigger == "manual"
+    assert [(e["id"], e["applied"], e["proposal"][:2]) for e in row.edits] == [
+        ("obey", False, "p-"),
+        ("note", False, "p-"),
+    ]
+    ids = [e["proposal"] for e in row.edits]
+    assert world.target.notices == [
+        f"refinement {row.id}: 2 global edits proposed, waiting for the user "
+        f"(prime-agent harness accept {ids[0]} / {ids[1]})"
+    ]
+    assert world.target.changed == 0
+    assert await _global_heads(world) == {"note": (1, "hi", False)}
+    proposals = await world.read(lambda con: select_proposals(con, limit=5))
+    assert {(p.source, p.refinement_id, p.session_id, p.proposer, p.status) for p in proposals} == {
+        ("refine", row.id, world.target.session_id, world.target.root_id, "pending")
+    }
+
+    _, written = await world.store.transaction(lambda con: accept_proposal(con, ids[0]))
+    assert (written.source, written.refinement_id, written.version) == ("refine", row.id, 1)
+    marked = await world.row(row.id)
+    versions = [
+        (e["applied"], e.get("before_version"), e.get("after_version")) for e in marked.edits
+    ]
+    assert versions == [(True, None, 1), (False, None, None)]
+    back = await world.refiner.rollback(row.id, session_id=None, source="user")
+    assert [(e["id"], e["applied"]) for e in back.edits] == [("obey", True)]
+    assert await _global_heads(world) == {"obey": (2, "obey", True), "note": (1, "hi", False)}
+
+    world.target.noticed.clear()
+    asked = await world.refiner.request(
+        world.target, instructions=None, scope="global", trigger=USER_TRIGGER
+    )
+    await asyncio.wait_for(world.target.noticed.wait(), WAIT_S)
+    direct = await world.row(asked["id"])
+    assert [(e["id"], e["applied"]) for e in direct.edits] == [("obey", True), ("note", True)]
+    assert await _global_heads(world) == {"obey": (3, "obey", False), "note": (2, "changed", False)}

@@ -188,6 +188,16 @@ async def test_refine(host: Host, client: ControlClient) -> None:
     assert line.startswith("/refine: ")
 
 
+async def test_harness(client: ControlClient) -> None:
+    """No proposals yet; deciding on an unknown one is the daemon's one red line (the accept
+    itself: tests/tui/test_slash_harness.py)."""
+    host = Host(client, None)
+    assert await host.run("/harness") == "no pending harness proposals"
+    for action in ("accept", "reject"):
+        line = await host.run(f"/harness {action} p-nosuch", error=True)
+        assert line.startswith("/harness: no harness proposal 'p-nosuch'"), line
+
+
 async def test_screens(host: Host) -> None:
     for text in ("/tree", "/agents", "/usage", "/help"):
         await run_slash(text, host)

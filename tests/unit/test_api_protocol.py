@@ -75,6 +75,8 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
         "title": "t",
         "content": "c",
     },
+    {"type": "harness_accept", "command_id": "34", "id": "p-1", "reason": "looks right"},
+    {"type": "harness_reject", "command_id": "35", "id": "p-2"},
     {"type": "schedule_add", "command_id": "26", "session": "s-x", "spec": "in 1m", "prompt": "p"},
     {"type": "schedule_list", "command_id": "27", "include_inactive": True},
     {"type": "schedule_cancel", "command_id": "28", "id": "sch-1"},
@@ -123,6 +125,7 @@ def test_mutating_set() -> None:
     expected = {"create_session", "prompt", "abort", "send_message", "shutdown"}
     expected |= {"branch", "fork", "clone", "import_session", "compact"}
     expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
+    expected |= {"harness_accept", "harness_reject"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
     expected |= {"sandbox_control", "autonomous"}
     assert expected == MUTATING_COMMAND_TYPES

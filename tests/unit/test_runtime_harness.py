@@ -19,8 +19,12 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.bus.router import HostRequestError
+from orchestrator.errors import HarnessConflict, HarnessInvalid, HarnessNotFound
 from orchestrator.harness import entries as host_entries
+from orchestrator.harness import proposals as proposals_module
 from orchestrator.harness import service as service_module
+from orchestrator.harness.proposals import accept_proposal, reject_proposal
+from orchestrator.harness.refine import Refiner
 from orchestrator.harness.service import HarnessService
 from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES
 from orchestrator.runtime import harness as kernel_harness
@@ -36,6 +40,13 @@ from orchestrator.runtime.refine import Refine, Refinement, RefineRequest
 from orchestrator.runtime.rlm import Rlm
 from orchestrator.store import harness as harness_store
 from orchestrator.store.db import Store
+from orchestrator.store.proposals import select_proposals
+from orchestrator.store.refinements import (
+    RefinementRow,
+    insert_refinement,
+    new_refinement_id,
+    select_refinements,
+)
 from tests.unit.test_runtime_api import RecordingClient
 
 
@@ -432,16 +443,124 @@ async def test_local_entries_belong_to_the_callers_tree(orch: StandInOrchestrato
     with pytest.raises(HostRequestError) as missing:
         await h["harness.get"]("s-other", {"kind": "memory", "id": "deploy_notes"})
     assert missing.value.code == "not_found"
-    await h["harness.create"](
+    proposed = await h["harness.create"](
         "s-other", {"kind": "memory", "title": "Style", "content": "tabs", "scope": "global"}
     )
+    assert proposed["proposal"].startswith("p-") and proposed["proposal_status"] == "pending"
     seen = await h["harness.list"]("s-root", {})
-    assert [(e["scope"], e["id"]) for e in seen["entries"]] == [
-        ("local", "deploy_notes"),
-        ("global", "style"),
-    ]
+    assert [(e["scope"], e["id"]) for e in seen["entries"]] == [("local", "deploy_notes")]
     assert seen["more"] is False
-    assert orch.changed == ["s-root", "global"]
+    assert orch.changed == ["s-root"]  # a proposal changes no prompt
+    await orch.store.transaction(lambda con: accept_proposal(con, proposed["proposal"]))
+    seen = await h["harness.list"]("s-root", {})
+    assert [(e["scope"], e["id"], e["source"]) for e in seen["entries"]] == [
+        ("local", "deploy_notes", "agent"),
+        ("global", "style", "agent"),
+    ]
+
+
+async def _global_heads(orch: StandInOrchestrator) -> dict[str, tuple[int, str, bool]]:
+    entries = await orch.store.read(
+        lambda con: harness_store.select_entries(con, [host_entries.GLOBAL_OWNER])
+    )
+    return {e.id: (e.version, e.content, e.deleted) for e in entries}
+
+
+async def test_every_global_write_from_a_kernel_is_a_proposal(orch: StandInOrchestrator) -> None:
+    """Create, update and delete of a global entry, of every kind: nothing is written until
+    the user accepts; accepting writes against the version it was proposed on."""
+    h = handlers(orch)
+
+    def user_write(con: Any) -> Any:
+        write = host_entries.EntryWrite(kind="prompt", id="style", title="Style", content="tabs")
+        return harness_store.write_entry(
+            con,
+            owner=host_entries.GLOBAL_OWNER,
+            action="create",
+            write=write,
+            expected_version=None,
+            source="user",
+            reason="",
+            session_id=None,
+        )
+
+    await orch.store.transaction(user_write)
+    target = {"kind": "prompt", "id": "global:style"}
+    update = await h["harness.update"]("s-root", {**target, "content": "spaces, always"})
+    delete = await h["harness.delete"]("s-child", {**target, "version": 1})
+    made = {}
+    for kind in host_entries.KINDS:
+        extra: dict[str, Any] = {}
+        if kind == "skill":
+            extra = {
+                "reference": {"type": "python", "import": "m", "callable": "f"},
+                "arguments": {"x": "a number"},
+            }
+        made[kind] = await h["harness.create"](
+            "s-root",
+            {"kind": kind, "title": f"New {kind}", "content": "c", "scope": "global"} | extra,
+        )
+    assert await _global_heads(orch) == {"style": (1, "tabs", False)}
+    assert update["version"] == 2 and update["content"] == "spaces, always"
+    assert delete["deleted"] is True and orch.changed == []
+    # A refused write is refused when proposed: a stale version, a live id, a missing entry.
+    for name, args, code in (
+        ("harness.update", {**target, "content": "x", "version": 7}, "conflict"),
+        (
+            "harness.create",
+            {"kind": "prompt", "title": "Style", "content": "x", "scope": "global"},
+            "conflict",
+        ),
+        ("harness.delete", {"kind": "memory", "id": "global:nothing"}, "not_found"),
+    ):
+        with pytest.raises(HostRequestError) as refused:
+            await h[name]("s-root", args)
+        assert refused.value.code == code, name
+    pending = await orch.store.read(lambda con: select_proposals(con, status="pending", limit=50))
+    assert len(pending) == 2 + len(host_entries.KINDS)
+    assert {p.proposer for p in pending} == {"s-root"}  # the child's is its tree's
+    # Accept the update: written against v1, source agent, the proposer's session.
+    accepted, written = await orch.store.transaction(
+        lambda con: accept_proposal(con, update["proposal"], note="fine")
+    )
+    assert (written.version, written.content, written.source) == (2, "spaces, always", "agent")
+    assert written.session_id == "s-root"
+    assert (accepted.status, accepted.decided_by, accepted.result_version) == (
+        "accepted",
+        "user",
+        2,
+    )
+    # The delete was proposed on v1: the head moved on, so accepting it is a conflict and it
+    # stays pending; rejecting it writes nothing.
+    with pytest.raises(HarnessConflict):
+        await orch.store.transaction(lambda con: accept_proposal(con, delete["proposal"]))
+    rejected = await orch.store.transaction(lambda con: reject_proposal(con, delete["proposal"]))
+    assert rejected.status == "rejected"
+    with pytest.raises(HarnessInvalid, match="already rejected"):
+        await orch.store.transaction(lambda con: accept_proposal(con, delete["proposal"]))
+    with pytest.raises(HarnessNotFound, match="no harness proposal 'p-nope'"):
+        await orch.store.transaction(lambda con: accept_proposal(con, "p-nope"))
+    assert await _global_heads(orch) == {"style": (2, "spaces, always", False)}
+
+
+async def test_pending_proposals_are_bounded_per_tree(
+    orch: StandInOrchestrator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(proposals_module, "PROPOSALS_PENDING_MAX", 2)
+    h = handlers(orch)
+    for n in range(2):
+        await h["harness.create"](
+            "s-root", {"kind": "memory", "title": f"G{n}", "content": "c", "scope": "global"}
+        )
+    with pytest.raises(HostRequestError) as full:
+        await h["harness.create"](
+            "s-child", {"kind": "memory", "title": "G9", "content": "c", "scope": "global"}
+        )
+    assert full.value.code == "quota_exceeded" and "local scope" in full.value.message
+    other = await h["harness.create"](
+        "s-other", {"kind": "memory", "title": "G9", "content": "c", "scope": "global"}
+    )
+    assert other["proposal"].startswith("p-")
 
 
 async def test_a_stale_version_is_refused_and_nothing_changes(orch: StandInOrchestrator) -> None:
@@ -509,3 +628,37 @@ async def test_refine_without_a_refiner_is_an_unknown_request(orch: StandInOrche
     with pytest.raises(HostRequestError) as unknown:
         await h["harness.list"]("s-nobody", {})
     assert unknown.value.code == "not_found"
+
+
+async def test_a_kernel_cannot_roll_back_a_global_refinement(orch: StandInOrchestrator) -> None:
+    """Rolling back a refinement of the global harness writes global entries: from a kernel it
+    is refused (the user's `prime-agent refine rollback ID` can); a local one still works."""
+    refiner = Refiner(orch.store)
+    orch.refiner = refiner  # type: ignore[attr-defined]
+    rows = [
+        RefinementRow(
+            id=new_refinement_id(),
+            session_id="s-root",
+            owner=owner,
+            scope=scope,
+            trigger="user",
+            status="applied",
+        )
+        for owner, scope in ((host_entries.GLOBAL_OWNER, "global"), ("s-root", "local"))
+    ]
+    for row in rows:
+        await orch.store.transaction(lambda con, row=row: insert_refinement(con, row))
+    h = handlers(orch)
+    try:
+        with pytest.raises(HostRequestError) as refused:
+            await h["refine.rollback"]("s-child", {"id": rows[0].id})
+        assert refused.value.code == "invalid_argument"
+        assert f"prime-agent refine rollback {rows[0].id}" in refused.value.message
+        done = await h["refine.rollback"]("s-child", {"id": rows[1].id})
+        assert done["rollback_of"] == rows[1].id
+        undone = await orch.store.read(
+            lambda con: select_refinements(con, owners=[host_entries.GLOBAL_OWNER], limit=5)
+        )
+        assert [r.id for r in undone] == [rows[0].id]  # no rollback row of the global one
+    finally:
+        await refiner.close()

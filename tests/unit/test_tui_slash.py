@@ -47,6 +47,7 @@ def test_the_command_table() -> None:
     assert names == [
         "compact",
         "refine",
+        "harness",
         "goal",
         "heartbeat",
         "tree",
@@ -66,6 +67,7 @@ def test_the_command_table() -> None:
     assert set(by_name["heartbeat"].subwords) == {"every", "status", "pause", "resume", "stop"}
     assert by_name["autonomous"].subwords == ("on", "off", "status")
     assert by_name["refine"].subwords == ("rollback",)
+    assert by_name["harness"].subwords == ("accept", "reject")
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,8 @@ def test_is_slash(text: str, expected: bool) -> None:
     [
         ("/co", ["/compact"]),
         ("/c", ["/compact", "/clone"]),
-        ("/h", ["/heartbeat", "/help"]),
+        ("/h", ["/harness", "/heartbeat", "/help"]),
+        ("/harness a", ["/harness accept"]),
         ("/GO", ["/goal"]),
         ("/zzz", []),
         ("/goal pa", ["/goal pause"]),
@@ -129,6 +132,10 @@ def test_complete(text: str, expected: list[str]) -> None:
         "/model a/b --api-base",
         "/refine rollback",
         "/refine rollback r-1 r-2",
+        "/harness maybe",
+        "/harness accept",
+        "/harness reject p-1 p-2",
+        "/harness accept " + "p" * 129,
         "/fork 3 4",
         "/clone now",
         "/tree x",
@@ -187,6 +194,35 @@ def test_commands_that_need_no_session() -> None:
     assert host.opened == [("agents", None), ("usage", None), ("help", None)]
     assert host.calls == [("refine_rollback", {"id": "r-1"})]
     assert host.lines == [("refinement r-1 applied", False)]
+
+
+def test_harness_lists_accepts_and_rejects_proposals() -> None:
+    pending = [
+        {"id": f"p-{n}", "action": "create", "target": f"global:prompt:n{n}", "source": "agent"}
+        for n in range(7)
+    ]
+    target = {"target": "global:prompt:n0"}
+    host = Host(
+        session_id=None,
+        harness_list={"entries": [], "proposals": pending},
+        harness_accept={"proposal": target, "entry": {"version": 3, "deleted": False}},
+        harness_reject={"proposal": target},
+    )
+    run("/harness", host)
+    run("/HARNESS Accept p-0", host)
+    run("/harness reject p-0", host)
+    assert host.calls == [
+        ("harness_list", {}),
+        ("harness_accept", {"id": "p-0"}),
+        ("harness_reject", {"id": "p-0"}),
+    ]
+    listed, accepted, rejected = host.lines
+    assert listed[0].startswith("7 pending proposal(s): p-0 create global:prompt:n0 (from agent)")
+    assert listed[0].endswith("; and 2 more (prime-agent harness list)")
+    assert accepted == ("accepted p-0: global:prompt:n0 v3", False)
+    assert rejected == ("rejected p-0: global:prompt:n0 stays as it is", False)
+    host = Host(harness_list={"entries": [], "proposals": []})
+    assert only_line(run("/harness", host)) == ("no pending harness proposals", False)
 
 
 def test_compact() -> None:
