@@ -57,11 +57,14 @@ from orchestrator.sandbox.docker_owned import (
     LABEL_OWNER,
     LABEL_ROOT,
     LABEL_SESSION,
+    LABEL_STATE_DIR,
     OwnedContainer,
+    abandoned,
     docker_errors,
     docker_usable,
     find_orphans,
     list_owned,
+    reapable,
     remove_containers,
     remove_orphans,
     translate_error,
@@ -112,13 +115,16 @@ __all__ = [  # the container helpers of docker_owned.py are re-exported
     "LABEL_OWNER",
     "LABEL_ROOT",
     "LABEL_SESSION",
+    "LABEL_STATE_DIR",
     "DockerBackend",
     "DockerSandbox",
     "OwnedContainer",
     "WorkspaceMode",  # defined in base.py; re-exported for older imports
+    "abandoned",
     "docker_usable",
     "find_orphans",
     "list_owned",
+    "reapable",
     "remove_containers",
     "remove_orphans",
 ]
@@ -126,7 +132,6 @@ __all__ = [  # the container helpers of docker_owned.py are re-exported
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "docker"
-DEFAULT_INSTANCE = "main"
 
 # Limits (per container). Memory includes the tmpfs pages written by the session.
 # The defaults are Settings.sandbox's (settings.py); a session's SandboxSpec.limits overrides.
@@ -554,7 +559,10 @@ class DockerBackend(SandboxBackend):
         workspace_mode: WorkspaceMode = "rw",
         pool_die_with_parent: bool = True,
         daemon_socket: str = "",  # the daemon's control socket (LABEL_DAEMON); "" = no daemon
-        instance: str = DEFAULT_INSTANCE,
+        # LABEL_INSTANCE / LABEL_STATE_DIR: the state directory's instance id (default: that of
+        # $XDG_DATA_HOME's, orchestrator/instance.py); only its containers are reaped here.
+        instance: str | None = None,
+        state_dir: Path | None = None,
         interrupt_grace_s: float = INTERRUPT_GRACE_S,
         output_cap_chars: int = OUTPUT_STREAM_CAP_CHARS,
         start_timeout_s: float = SANDBOX_START_TIMEOUT_S,
@@ -570,7 +578,14 @@ class DockerBackend(SandboxBackend):
         self.gpus = gpus
         self.network = network
         self.workspace_mode = workspace_mode
+        if instance is None:
+            from orchestrator.instance import instance_id
+            from orchestrator.paths import Paths
+
+            paths = Paths.from_env()
+            instance, state_dir = instance_id(paths), paths.data_dir
         self.instance = instance
+        self.state_dir = state_dir
         self.interrupt_grace_s = interrupt_grace_s
         self.output_cap_chars = output_cap_chars
         self.start_timeout_s = start_timeout_s
@@ -750,7 +765,7 @@ class DockerBackend(SandboxBackend):
 
     def list_owned(self) -> list[OwnedContainer]:
         """Containers with our labels of this instance (running or not)."""
-        return [c for c in list_owned(self.docker) if c.instance == self.instance]
+        return list_owned(self.docker, instance=self.instance)
 
     # Adoption by a restarted daemon (R2, R8): orchestrator/sandbox/docker_adopt.py.
 

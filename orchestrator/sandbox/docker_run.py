@@ -27,6 +27,7 @@ from orchestrator.sandbox.docker_owned import (
     LABEL_ROOT,
     LABEL_SESSION,
     LABEL_SNAPSHOT_SLOT,
+    LABEL_STATE_DIR,
     docker_errors,
     translate_error,
 )
@@ -203,6 +204,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         LABEL_INSTANCE: backend.instance,
         LABEL_HOST_PID: str(os.getpid()),
         LABEL_HOST_DIR: str(socket_dir.parent),
+        **({LABEL_STATE_DIR: str(backend.state_dir)} if backend.state_dir else {}),
         **({LABEL_DAEMON: backend.daemon_socket} if backend.daemon_socket else {}),
         **({LABEL_SNAPSHOT_SLOT: str(sandbox.slot)} if sandbox.slot is not None else {}),
     }
