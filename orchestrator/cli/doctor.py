@@ -60,7 +60,8 @@ def _doctor(fix: bool, all_instances: bool) -> int:
 
 def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:
     from orchestrator.daemon.doctor import Finding
-    from orchestrator.instance import instance_id
+    from orchestrator.instance import read_instance_id
+    from orchestrator.paths import Paths
     from orchestrator.sandbox.docker import (
         abandoned,
         docker_usable,
@@ -72,7 +73,9 @@ def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:
     usable, why = docker_usable()
     if not usable:
         return [Finding("docker", f"not used ({why})")]
-    mine, theirs = reapable(find_orphans(), instance_id(), all_instances=all_instances)
+    # Read, never created here: a state dir without one never started a container.
+    instance = read_instance_id(Paths.from_env().data_dir) or ""
+    mine, theirs = reapable(find_orphans(), instance, all_instances=all_instances)
     findings = [Finding("docker", f"{len(mine)} orphaned container(s)", problem=bool(mine))]
     for o in mine:
         gone = " (its state dir is gone)" if abandoned(o) else ""

@@ -31,7 +31,8 @@ def shutdown(
 ) -> None:
     daemon_cli.stop(force=force)
     from orchestrator.errors import PrimeAgentError
-    from orchestrator.instance import instance_id
+    from orchestrator.instance import read_instance_id
+    from orchestrator.paths import Paths
     from orchestrator.sandbox.docker import find_orphans, list_owned, reapable, remove_containers
     from orchestrator.sandbox.images import docker_client
 
@@ -40,12 +41,13 @@ def shutdown(
     except PrimeAgentError as exc:
         typer.echo(f"containers: none to check ({exc})")
         return
-    instance = guarded(instance_id, debug=debug)
+    # None: this state dir never started a container (the first one creates the id).
+    instance = read_instance_id(Paths.from_env().data_dir)
 
     def targets() -> list[str]:
-        removable, _theirs = reapable(find_orphans(client), instance)
+        removable, _theirs = reapable(find_orphans(client), instance or "")
         ids = [c.id for c in removable]
-        if force:
+        if force and instance is not None:
             ids += [c.id for c in list_owned(client, instance=instance) if c.id not in ids]
         return ids
 
