@@ -123,6 +123,7 @@ async def start_child(
     stderr_path: Path | None = None,
     what: str,
     ready_line: bool = True,
+    umask: int | None = None,
 ) -> ChildProcess:
     """Start ``argv`` in a new session; return once it prints one JSON line on stdout.
 
@@ -134,11 +135,15 @@ async def start_child(
     stdout goes where its stderr goes (never a pipe, so a child that outlives us cannot die of
     SIGPIPE on its next log line), the call returns at once with ``ready == {}``, and the caller
     checks readiness its own way. ``ready_timeout_s`` is then unused.
+
+    ``umask``: the child's, when it must differ from ours (``file_modes.user_umask``).
     """
 
     def _preexec() -> None:  # runs in the child between fork and exec
         if die_with_parent:
             set_parent_death_signal(signal.SIGTERM)
+        if umask is not None:
+            os.umask(umask)
 
     stderr_file = open(stderr_path, "ab") if stderr_path else None  # noqa: SIM115
     stdout: Any = asyncio.subprocess.PIPE

@@ -113,7 +113,11 @@ def start_daemon() -> tuple[dict[str, Any], bool]:
     paths = Paths.from_env()
     log_path = daemon_log_path(paths)
     ensure_private_dir(log_path.parent)
-    with open(log_path, "ab") as log_file:
+    from orchestrator.file_modes import PRIVATE_FILE_MODE
+
+    # 0600 whatever the umask: the log names sessions and paths.
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+    with os.fdopen(log_fd, "ab") as log_file:
         # start_new_session: the daemon must not get this terminal's SIGINT/SIGHUP, and it must
         # not be killed with this command's process group. cwd "/": it must not pin the
         # directory the user happened to start it from.

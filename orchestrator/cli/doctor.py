@@ -1,7 +1,12 @@
 """``prime-agent doctor [--fix]``: the control socket, the daemon's NATS server, the database's
 integrity and orphaned sandboxes (docker containers, local gateways); ``--fix`` removes what
 nothing owns (``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit
-1 when a problem remains."""
+1 when a problem remains.
+
+Docker containers are this state directory's instance's to remove (``orchestrator/instance.py``);
+another instance's orphan (another setup of this user, its own ``XDG_DATA_HOME``) is listed but
+kept for its own daemon to adopt, unless its state directory is gone (nobody can adopt it) or
+``--all-instances`` is given."""
 
 from __future__ import annotations
 
@@ -20,14 +25,21 @@ __all__ = ["doctor"]
 
 def doctor(
     fix: Annotated[bool, typer.Option("--fix", help="Remove the orphans found.")] = False,
+    all_instances: Annotated[
+        bool,
+        typer.Option(
+            "--all-instances",
+            help="With --fix: also remove orphaned containers of this user's other setups.",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
-    problems = guarded(lambda: _doctor(fix), debug=debug)
+    problems = guarded(lambda: _doctor(fix, all_instances), debug=debug)
     if problems:
         raise SystemExit(EXIT_ERROR)
 
 
-def _doctor(fix: bool) -> int:
+def _doctor(fix: bool, all_instances: bool) -> int:
     from orchestrator.cli.daemon import daemon_info
     from orchestrator.daemon import doctor as checks
     from orchestrator.paths import Paths
@@ -39,28 +51,55 @@ def _doctor(fix: bool) -> int:
         checks.check_nats(paths, daemon),
         *asyncio.run(checks.check_database(paths, daemon)),
         *checks.check_local_sandboxes(paths, daemon, fix=fix),
-        *_docker_findings(fix),
+        *_docker_findings(fix, all_instances),
     ]
     for finding in findings:
         typer.echo(finding.line())
     return sum(1 for f in findings if f.problem and not f.fixed)
 
 
-def _docker_findings(fix: bool) -> list[Finding]:
+def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:
     from orchestrator.daemon.doctor import Finding
-    from orchestrator.sandbox.docker import docker_usable, find_orphans, remove_containers
+    from orchestrator.instance import read_instance_id
+    from orchestrator.paths import Paths
+    from orchestrator.sandbox.docker import (
+        abandoned,
+        docker_usable,
+        find_orphans,
+        reapable,
+        remove_containers,
+    )
 
     usable, why = docker_usable()
     if not usable:
         return [Finding("docker", f"not used ({why})")]
-    orphans = find_orphans()
-    findings = [Finding("docker", f"{len(orphans)} orphaned container(s)", problem=bool(orphans))]
-    for o in orphans:
+    # Read, never created here: a state dir without one never started a container.
+    instance = read_instance_id(Paths.from_env().data_dir) or ""
+    mine, theirs = reapable(find_orphans(), instance, all_instances=all_instances)
+    findings = [Finding("docker", f"{len(mine)} orphaned container(s)", problem=bool(mine))]
+    for o in mine:
+        gone = " (its state dir is gone)" if abandoned(o) else ""
         findings.append(
-            Finding("docker", f"  {o.id[:12]} {o.name} session={o.session_id} status={o.status}")
+            Finding(
+                "docker",
+                f"  {o.id[:12]} {o.name} session={o.session_id} status={o.status}{gone}",
+            )
         )
-    if orphans and fix:
-        removed = remove_containers([o.id for o in orphans])
+    if mine and fix:
+        removed = remove_containers([o.id for o in mine])
         findings.append(Finding("docker", f"removed {removed}"))
         findings[0].fixed = True
+    if theirs:
+        findings.append(
+            Finding(
+                "docker",
+                f"{len(theirs)} orphaned container(s) of other prime-agent setups, kept for "
+                "their own daemon (--fix --all-instances removes them):",
+            )
+        )
+        for o in theirs:
+            where = o.state_dir or "unknown state dir"
+            findings.append(
+                Finding("docker", f"  {o.id[:12]} {o.name} session={o.session_id} ({where})")
+            )
     return findings

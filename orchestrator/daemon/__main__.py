@@ -15,6 +15,7 @@ import sys
 from typing import Final
 
 from orchestrator.errors import UserError
+from orchestrator.file_modes import tighten_state, use_private_umask
 from orchestrator.paths import Paths, ensure_private_dir
 
 __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -32,8 +33,10 @@ def _setup_logging(paths: Paths, level: str) -> None:
 
     path = daemon_log_path(paths)
     ensure_private_dir(path.parent)
-    # Create it 0600 before logging opens it: FileHandler would use the umask.
+    # Create it 0600 before logging opens it (FileHandler would use the umask); one an
+    # earlier version made 0644 is made private here, with the rest of its state.
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_FILE_MODE))
+    tighten_state(paths, log_file=path)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger()
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
     args = parser.parse_args(argv)
+    # Everything the daemon writes from now on is owner-only (R15): the store and its WAL,
+    # the NATS store and logs; local sandboxes get the user's umask back (file_modes.py).
+    use_private_umask()
     paths = Paths.from_env()
     _setup_logging(paths, args.log_level)
     log = logging.getLogger("orchestrator.daemon")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from orchestrator.errors import PrimeAgentError
+from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend, SandboxListener
 from orchestrator.sandbox.choice import BackendChoice, choose_backend
 from orchestrator.sandbox.local import LocalBackend
@@ -42,10 +43,18 @@ DOCKER_RECHECK_S: Final = 30.0
 class DaemonBackends:
     """Builds and holds the daemon's backends; ``all`` is what the ``Orchestrator`` uses."""
 
-    def __init__(self, settings: Settings, *, listener: SandboxListener, socket_path: Path):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        listener: SandboxListener,
+        socket_path: Path,
+        paths: Paths | None = None,  # its data dir's instance id marks our containers
+    ):
         self.settings = settings
         self.listener = listener
         self.socket_path = socket_path
+        self.paths = paths
         self.local = LocalBackend(
             pool_size=settings.warm_pool_size,
             pool_die_with_parent=False,
@@ -105,11 +114,18 @@ class DaemonBackends:
             log.info("docker backend available (image %s)", self.docker.image)
 
     def _new_docker(self) -> DockerBackend:
+        from orchestrator.instance import instance_id
         from orchestrator.sandbox.docker import DockerBackend
 
+        # The instance id of the daemon's state dir: what it reaps and adopts is only its own.
+        paths = self.paths or Paths.from_env()
         # The sandbox policy of the daemon's config (image, workspace mode, limits).
         docker = DockerBackend.from_settings(
-            self.settings, pool_die_with_parent=False, daemon_socket=str(self.socket_path)
+            self.settings,
+            pool_die_with_parent=False,
+            daemon_socket=str(self.socket_path),
+            instance=instance_id(paths),
+            state_dir=paths.data_dir,
         )
         docker.listener = self.listener
         return docker

@@ -200,7 +200,10 @@ class Daemon:
         preload_in_background()
         self._store = await Store.open(self.paths.database_file)
         backends = DaemonBackends(
-            self.settings, listener=SandboxRegistry(self._store), socket_path=self.socket_path
+            self.settings,
+            listener=SandboxRegistry(self._store),
+            socket_path=self.socket_path,
+            paths=self.paths,
         )
         self._backends = backends
         await backends.start()

@@ -26,12 +26,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,11 +59,14 @@ from orchestrator.sandbox.docker_owned import (
     LABEL_OWNER,
     LABEL_ROOT,
     LABEL_SESSION,
+    LABEL_STATE_DIR,
     OwnedContainer,
+    abandoned,
     docker_errors,
     docker_usable,
     find_orphans,
     list_owned,
+    reapable,
     remove_containers,
     remove_orphans,
     translate_error,
@@ -71,7 +76,6 @@ from orchestrator.sandbox.docker_run import (
     GATEWAY_SOCKET,
     KERNEL_BASE_ENV,
     NATS_SOCKET,
-    SANDBOX_UID,
     SOCKET_DIR_MODE,
     nats_target,
     run_container,
@@ -84,6 +88,7 @@ from orchestrator.sandbox.docker_slots import (
     remove_slot,
     sweep_slots,
 )
+from orchestrator.sandbox.docker_user import container_user, workspace_problem
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, resolve_image
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
@@ -112,13 +117,16 @@ __all__ = [  # the container helpers of docker_owned.py are re-exported
     "LABEL_OWNER",
     "LABEL_ROOT",
     "LABEL_SESSION",
+    "LABEL_STATE_DIR",
     "DockerBackend",
     "DockerSandbox",
     "OwnedContainer",
     "WorkspaceMode",  # defined in base.py; re-exported for older imports
+    "abandoned",
     "docker_usable",
     "find_orphans",
     "list_owned",
+    "reapable",
     "remove_containers",
     "remove_orphans",
 ]
@@ -126,7 +134,6 @@ __all__ = [  # the container helpers of docker_owned.py are re-exported
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "docker"
-DEFAULT_INSTANCE = "main"
 
 # Limits (per container). Memory includes the tmpfs pages written by the session.
 # The defaults are Settings.sandbox's (settings.py); a session's SandboxSpec.limits overrides.
@@ -190,8 +197,11 @@ class DockerSandbox(Sandbox):
         socket_dir.chmod(SOCKET_DIR_MODE)
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
         if self.backend.workspace_for(self.spec) == "copy" and self.workspace_copy is None:
+            # As root, the copy is given to the container's user, who may not be able to read
+            # the project itself (a root-owned 0700 directory: docker_user.py).
+            owner = container_user(self.spec.cwd) if os.getuid() == 0 else None
             self.workspace_copy = await asyncio.to_thread(
-                WorkspaceCopy.create, self.spec.cwd, self.spec.artifacts_dir
+                partial(WorkspaceCopy.create, self.spec.cwd, self.spec.artifacts_dir, owner=owner)
             )
         self._relay = await serve_unix_to_tcp(socket_dir / NATS_SOCKET, lambda: self._nats)
         started = time.monotonic()
@@ -554,7 +564,10 @@ class DockerBackend(SandboxBackend):
         workspace_mode: WorkspaceMode = "rw",
         pool_die_with_parent: bool = True,
         daemon_socket: str = "",  # the daemon's control socket (LABEL_DAEMON); "" = no daemon
-        instance: str = DEFAULT_INSTANCE,
+        # LABEL_INSTANCE / LABEL_STATE_DIR: the state directory's instance id (default: that of
+        # $XDG_DATA_HOME's, orchestrator/instance.py); only its containers are reaped here.
+        instance: str | None = None,
+        state_dir: Path | None = None,
         interrupt_grace_s: float = INTERRUPT_GRACE_S,
         output_cap_chars: int = OUTPUT_STREAM_CAP_CHARS,
         start_timeout_s: float = SANDBOX_START_TIMEOUT_S,
@@ -570,7 +583,14 @@ class DockerBackend(SandboxBackend):
         self.gpus = gpus
         self.network = network
         self.workspace_mode = workspace_mode
+        if instance is None:
+            from orchestrator.instance import instance_id
+            from orchestrator.paths import Paths
+
+            paths = Paths.from_env()
+            instance, state_dir = instance_id(paths), paths.data_dir
         self.instance = instance
+        self.state_dir = state_dir
         self.interrupt_grace_s = interrupt_grace_s
         self.output_cap_chars = output_cap_chars
         self.start_timeout_s = start_timeout_s
@@ -639,13 +659,13 @@ class DockerBackend(SandboxBackend):
             and spec.skill_dirs == self._pool_skills  # mounts are fixed at creation
         )
 
-    def user_for(self, cwd: Path) -> str:
-        """uid:gid in the container: the workspace's owner (files it writes stay the user's),
-        or the image's user when the workspace belongs to root."""
-        st = cwd.stat()
-        if st.st_uid == 0:
-            return f"{SANDBOX_UID}:{SANDBOX_UID}"
-        return f"{st.st_uid}:{st.st_gid}"
+    def check_workspace(self, spec: SandboxSpec) -> None:
+        """``SandboxStartError`` in one line when the container's user cannot enter the
+        workspace (it would fail deep in the gateway): what to do instead."""
+        uid, gid = container_user(spec.cwd)
+        problem = workspace_problem(spec.cwd, uid, gid, self.workspace_for(spec))
+        if problem is not None:
+            raise SandboxStartError(problem)
 
     def start_pool(
         self,
@@ -704,6 +724,7 @@ class DockerBackend(SandboxBackend):
         if not spec.cwd.is_dir():
             raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
+        self.check_workspace(spec)
         if self.pool_size > 0 and self.workspace_mode != "copy":
             fits = self._pool_fits(spec)
             self._use_pool_for(*self._pool_key(spec), spec.skill_dirs)
@@ -750,7 +771,7 @@ class DockerBackend(SandboxBackend):
 
     def list_owned(self) -> list[OwnedContainer]:
         """Containers with our labels of this instance (running or not)."""
-        return [c for c in list_owned(self.docker) if c.instance == self.instance]
+        return list_owned(self.docker, instance=self.instance)
 
     # Adoption by a restarted daemon (R2, R8): orchestrator/sandbox/docker_adopt.py.
 

@@ -12,6 +12,10 @@ once the relay is back.
 - ``remove_recorded``: force-remove the container and its host directory.
 - ``remove_unknown``: containers that carry this daemon's label (``LABEL_DAEMON``) but are not
   in its table (it died between ``docker run`` and recording them) are removed.
+
+Each acts only on containers of this backend's instance (``LABEL_INSTANCE``: the state
+directory's id, ``orchestrator/instance.py``): a recorded container that carries another
+instance's label (a copied state directory) is neither adopted nor removed, only forgotten.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 
 DAEMON_PROBE_TIMEOUT_S: Final = 1.0
 SOCKET_SUBDIR: Final = "sock"  # DockerSandbox.start: <host dir>/sock, mounted in the container
+LEGACY_INSTANCE: Final = "main"  # LABEL_INSTANCE of every container before instance ids
 
 
 def daemon_answers(socket_path: str) -> bool:
@@ -73,19 +78,27 @@ def _own_host_dir(recorded: str) -> Path | None:
     return path if path.name.startswith(RUNTIME_DIR_PREFIX) else None
 
 
-async def _container_state(backend: DockerBackend, container_id: str) -> tuple[str, set[str]]:
-    """The container's status ("gone" when removed) and its mount destinations."""
-    from orchestrator.sandbox.docker_owned import docker_errors
+def _ours(backend: DockerBackend, instance: str) -> bool:
+    """A recorded container's instance label is this backend's (or the fixed one of versions
+    before instance ids: the row in this state directory's table names it)."""
+    return instance in (backend.instance, LEGACY_INSTANCE)
+
+
+async def _container_state(backend: DockerBackend, container_id: str) -> tuple[str, set[str], str]:
+    """The container's status ("gone" when removed), its mount destinations and its instance
+    label."""
+    from orchestrator.sandbox.docker_owned import LABEL_INSTANCE, docker_errors
 
     errors = docker_errors()
 
-    def get() -> tuple[str, set[str]]:
+    def get() -> tuple[str, set[str], str]:
         try:
             container = backend.docker.containers.get(container_id)
         except errors.NotFound:
-            return "gone", set()
+            return "gone", set(), ""
         mounts = container.attrs.get("Mounts") or []
-        return str(container.status), {str(m.get("Destination", "")) for m in mounts}
+        instance = str((container.labels or {}).get(LABEL_INSTANCE, ""))
+        return str(container.status), {str(m.get("Destination", "")) for m in mounts}, instance
 
     try:
         return await asyncio.to_thread(get)
@@ -104,9 +117,11 @@ async def adopt_container(
     host_dir = _own_host_dir(ref.runtime_dir)
     if host_dir is None:
         raise SandboxError(f"container {ref.ref[:12]}: no socket directory recorded")
-    state, mounted_at = await _container_state(backend, ref.ref)
+    state, mounted_at, instance = await _container_state(backend, ref.ref)
     if state != "running":
         raise SandboxError(f"container {ref.ref[:12]} is {state}")
+    if not _ours(backend, instance):
+        raise SandboxError(f"container {ref.ref[:12]} belongs to another prime-agent instance")
     socket_dir = host_dir / SOCKET_SUBDIR
     sandbox = DockerSandbox(backend, spec)
     # Its snapshots where its kernel sees them: the fixed path (a container of an earlier
@@ -156,9 +171,14 @@ async def adopt_container(
 
 
 async def remove_recorded(backend: DockerBackend, ref: SandboxRef) -> None:
-    """Force-remove a recorded container that is not adopted, and its socket directory."""
+    """Force-remove a recorded container that is not adopted, and its socket directory; one of
+    another instance is left alone (its own daemon adopts or removes it)."""
     from orchestrator.sandbox.docker_owned import remove_containers
 
+    state, _mounted_at, instance = await _container_state(backend, ref.ref)
+    if state != "gone" and not _ours(backend, instance):
+        log.warning("container %s belongs to another prime-agent instance: kept", ref.ref[:12])
+        return
     await asyncio.to_thread(remove_containers, [ref.ref], backend.docker)
     host_dir = _own_host_dir(ref.runtime_dir)
     if host_dir is not None:

@@ -5,12 +5,21 @@ below; ``list_owned`` finds them, ``find_orphans`` picks those whose orchestrato
 gone and whose daemon does not answer (R8), ``remove_containers`` / ``remove_orphans`` remove
 them. Used by the backend (``docker.py``, ``docker_adopt.py``), ``prime-agent doctor`` and
 ``prime-agent shutdown`` (through ``orchestrator.sandbox.docker``, which re-exports them).
+
+One uid may run several setups, each with its own state directory and daemon (CI next to the
+user's own runs). ``LABEL_INSTANCE`` is the instance id of the state directory that started a
+container (``orchestrator/instance.py``) and ``LABEL_STATE_DIR`` that directory: whatever
+reaps, adopts or force-removes passes ``instance=`` and touches only its own. Another
+instance's orphan is removed only when ``abandoned`` (its state directory is gone or holds
+another id: no daemon can ever adopt it), or on an explicit ``--all-instances``
+(``reapable``).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import SandboxError, UserError
@@ -26,11 +35,14 @@ __all__ = [
     "LABEL_ROOT",
     "LABEL_SESSION",
     "LABEL_SNAPSHOT_SLOT",
+    "LABEL_STATE_DIR",
     "OwnedContainer",
+    "abandoned",
     "docker_errors",
     "docker_usable",
     "find_orphans",
     "list_owned",
+    "reapable",
     "remove_containers",
     "remove_orphans",
     "translate_error",
@@ -39,7 +51,8 @@ __all__ = [
 LABEL_OWNER = "prime-agent.owner"
 LABEL_SESSION = "prime-agent.session"
 LABEL_ROOT = "prime-agent.root"
-LABEL_INSTANCE = "prime-agent.instance"
+LABEL_INSTANCE = "prime-agent.instance"  # the instance id of the state dir that started it
+LABEL_STATE_DIR = "prime-agent.state-dir"  # that state (data) directory
 LABEL_HOST_PID = "prime-agent.host-pid"  # the orchestrator process that started it
 # The daemon's control socket (daemon-owned containers only): such a container is not an orphan
 # while a daemon answers there, even though the process that started it is gone (adopted).
@@ -62,6 +75,7 @@ class OwnedContainer:
     daemon: str = ""  # LABEL_DAEMON: the socket of the daemon that owns it
     host_dir: str = ""  # LABEL_HOST_DIR
     snapshot_slot: str = ""  # LABEL_SNAPSHOT_SLOT
+    state_dir: str = ""  # LABEL_STATE_DIR ("" on containers of versions before it)
 
 
 def docker_usable(image: str = SESSION_IMAGE) -> tuple[bool, str]:
@@ -103,30 +117,40 @@ def _owned_from(container: Any) -> OwnedContainer:
         daemon=labels.get(LABEL_DAEMON, ""),
         host_dir=labels.get(LABEL_HOST_DIR, ""),
         snapshot_slot=labels.get(LABEL_SNAPSHOT_SLOT, ""),
+        state_dir=labels.get(LABEL_STATE_DIR, ""),
     )
 
 
-def list_owned(client: Any | None = None, *, owner: int | None = None) -> list[OwnedContainer]:
-    """Every container (running or not) with our labels, for ``owner`` (default: this uid)."""
+def list_owned(
+    client: Any | None = None, *, owner: int | None = None, instance: str | None = None
+) -> list[OwnedContainer]:
+    """Every container (running or not) with our labels, for ``owner`` (default: this uid)
+    and, when given, ``instance`` (default: every instance)."""
     client = client or docker_client()
     owner = os.getuid() if owner is None else owner
+    wanted = [f"{LABEL_OWNER}={owner}"]
+    if instance is not None:
+        wanted.append(f"{LABEL_INSTANCE}={instance}")
     try:
-        found = client.containers.list(all=True, filters={"label": f"{LABEL_OWNER}={owner}"})
+        found = client.containers.list(all=True, filters={"label": wanted})
     except docker_errors().DockerException as exc:
         raise translate_error(exc, "listing containers") from exc
     return [_owned_from(c) for c in found]
 
 
 def find_orphans(
-    client: Any | None = None, *, live_sessions: set[str] | None = None
+    client: Any | None = None,
+    *,
+    live_sessions: set[str] | None = None,
+    instance: str | None = None,
 ) -> list[OwnedContainer]:
-    """Our containers that nobody owns any more: the orchestrator that started them is gone
-    and no daemon answers on their ``LABEL_DAEMON`` socket (and, when ``live_sessions`` is
-    given, their session is not one of them: adoptable)."""
+    """Our containers (of ``instance`` when given) that nobody owns any more: the orchestrator
+    that started them is gone and no daemon answers on their ``LABEL_DAEMON`` socket (and,
+    when ``live_sessions`` is given, their session is not one of them: adoptable)."""
     from orchestrator.sandbox.docker_adopt import daemon_answers
 
     orphans = []
-    for owned in list_owned(client):
+    for owned in list_owned(client, instance=instance):
         if pid_alive(owned.host_pid):
             continue
         if owned.daemon and daemon_answers(owned.daemon):  # a daemon adopted (or will) it
@@ -153,8 +177,36 @@ def remove_containers(ids: list[str], client: Any | None = None) -> int:
     return removed
 
 
-def remove_orphans(client: Any | None = None) -> list[OwnedContainer]:
+def abandoned(owned: OwnedContainer) -> bool:
+    """Its state directory is gone or holds another instance id: no daemon can ever adopt it
+    (the rows that name it went with that directory). A container without the label (an older
+    version's) is never called abandoned: nothing tells."""
+    from orchestrator.instance import read_instance_id
+
+    if not owned.state_dir or not os.path.isabs(owned.state_dir):
+        return False
+    return read_instance_id(Path(owned.state_dir)) != owned.instance
+
+
+def reapable(
+    orphans: list[OwnedContainer], instance: str, *, all_instances: bool = False
+) -> tuple[list[OwnedContainer], list[OwnedContainer]]:
+    """(removable, not ours): the orphans of ``instance`` and the abandoned ones of others are
+    removable; another instance's orphan whose state directory is still there is left to its
+    own daemon (it adopts it at its next start) unless ``all_instances``."""
+    mine: list[OwnedContainer] = []
+    theirs: list[OwnedContainer] = []
+    for owned in orphans:
+        removable = all_instances or owned.instance == instance or abandoned(owned)
+        (mine if removable else theirs).append(owned)
+    return mine, theirs
+
+
+def remove_orphans(
+    client: Any | None = None, *, instance: str | None = None
+) -> list[OwnedContainer]:
+    """Remove the orphans of ``instance`` (default: every instance's)."""
     client = client or docker_client()
-    orphans = find_orphans(client)
+    orphans = find_orphans(client, instance=instance)
     remove_containers([o.id for o in orphans], client)
     return orphans

@@ -27,10 +27,12 @@ from orchestrator.sandbox.docker_owned import (
     LABEL_ROOT,
     LABEL_SESSION,
     LABEL_SNAPSHOT_SLOT,
+    LABEL_STATE_DIR,
     docker_errors,
     translate_error,
 )
 from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
+from orchestrator.sandbox.docker_user import SANDBOX_UID, container_user
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
 from orchestrator.sandbox.images import image_exists, image_hint
 
@@ -62,10 +64,11 @@ CONTAINER_NAME_PREFIX = "prime-agent-"
 NANO_CPUS_PER_CPU = 1_000_000_000
 GPU_COUNT_ALL = -1  # a DeviceRequest count meaning every GPU
 TMPFS_TMP = "size=512m,mode=1777"
-TMPFS_HOME = "size=256m,mode=1777"
+# The home directory is the container user's own (uid=, gid=: some engines give a tmpfs the
+# image directory's root-owned 0755 whatever the mode; any uid must be able to write HOME).
+TMPFS_HOME = "size=256m,mode=1777,uid={uid},gid={gid}"
 
 # Inside the container (images/session/Dockerfile).
-SANDBOX_UID = 1000  # the image's non-root user
 CONTAINER_HOME = "/home/sandbox"
 CONTAINER_SOCKET_DIR = "/run/prime-agent"
 CONTAINER_GATEWAY_RUNTIME = "/tmp/prime-agent-gateway"
@@ -203,10 +206,12 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         LABEL_INSTANCE: backend.instance,
         LABEL_HOST_PID: str(os.getpid()),
         LABEL_HOST_DIR: str(socket_dir.parent),
+        **({LABEL_STATE_DIR: str(backend.state_dir)} if backend.state_dir else {}),
         **({LABEL_DAEMON: backend.daemon_socket} if backend.daemon_socket else {}),
         **({LABEL_SNAPSHOT_SLOT: str(sandbox.slot)} if sandbox.slot is not None else {}),
     }
     name = f"{CONTAINER_NAME_PREFIX}{spec.session_id[:40]}-{secrets.token_hex(3)}"
+    uid, gid = container_user(source)  # docker_user.py
     errors = docker_errors()
     try:
         container = backend.docker.containers.run(
@@ -217,7 +222,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             labels=labels,
             # From scratch: nothing of the orchestrator's environment (R16).
             environment={TOKEN_ENV: sandbox.token, "LANG": "C.UTF-8", "HOME": CONTAINER_HOME},
-            user=backend.user_for(source),
+            user=f"{uid}:{gid}",
             working_dir=workspace,
             network_mode="bridge" if backend.network else "none",
             mem_limit=limits.memory_bytes,
@@ -228,7 +233,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=True,
-            tmpfs={"/tmp": TMPFS_TMP, CONTAINER_HOME: TMPFS_HOME},
+            tmpfs={"/tmp": TMPFS_TMP, CONTAINER_HOME: TMPFS_HOME.format(uid=uid, gid=gid)},
             volumes=mounts,
             mounts=skills,
             init=True,  # docker-init as pid 1 forwards signals and reaps

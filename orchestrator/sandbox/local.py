@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.file_modes import user_umask
 from orchestrator.procs import ChildProcess, ChildStartError, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
@@ -666,6 +667,9 @@ class LocalBackend(SandboxBackend):
                     stderr_path=runtime_dir / GATEWAY_LOG_NAME,
                     what="kernel gateway",
                     ready_line=False,  # stdout is the log (module docstring)
+                    # The agent's files in the workspace are the user's: the user's umask, not
+                    # the daemon's private one (orchestrator/file_modes.py).
+                    umask=user_umask(),
                 )
                 child.ready = await _read_ready_line(
                     child, runtime_dir / GATEWAY_LOG_NAME, self.start_timeout_s

@@ -144,10 +144,17 @@ class WorkspaceCopy:
 
     @classmethod
     def create(
-        cls, project: Path, parent: Path, *, max_bytes: int = WORKSPACE_COPY_MAX_BYTES
+        cls,
+        project: Path,
+        parent: Path,
+        *,
+        max_bytes: int = WORKSPACE_COPY_MAX_BYTES,
+        owner: tuple[int, int] | None = None,
     ) -> WorkspaceCopy:
         """Copy ``project`` into ``parent/workspace-copy``. An earlier copy that was never
-        synced back (an orchestrator crash) is synced first, so its work is not lost."""
+        synced back (an orchestrator crash) is synced first, so its work is not lost. With
+        ``owner`` (uid, gid; root only) the whole copy is given to that user: the docker
+        sandbox's, which may not be able to read the project itself (docker_user.py)."""
         project = project.resolve()
         parent.mkdir(parents=True, exist_ok=True)
         earlier = cls.load(parent)
@@ -181,6 +188,8 @@ class WorkspaceCopy:
             for rel, _path, st in reversed(walked):
                 if stat.S_ISDIR(st.st_mode):
                     os.utime(tmp / rel, ns=(st.st_atime_ns, st.st_mtime_ns))
+            if owner is not None:
+                _give_tree(tmp, owner)
             tmp.rename(copy.copy_dir)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -269,8 +278,9 @@ class WorkspaceCopy:
                     conflict = not _remove_quietly(target)
                 if not conflict:
                     try:
+                        owner = _project_owner(target)
                         target.mkdir(exist_ok=True)
-                        _copy_meta(path, target)
+                        _copy_meta(path, target, owner)
                         report.written.append(rel)
                         continue
                     except OSError:
@@ -279,7 +289,7 @@ class WorkspaceCopy:
                 if current is not None and current.kind == "d":
                     conflict = not _remove_quietly(target)
                 if not conflict:
-                    _put(path, target, entry)
+                    _put(path, target, entry, _project_owner(target))
                     report.written.append(rel)
                     continue
             if entry.kind == "d":
@@ -371,10 +381,27 @@ def _chown_like(path: Path, st: os.stat_result) -> None:
         os.lchown(path, st.st_uid, st.st_gid)
 
 
-def _copy_meta(source: Path, target: Path) -> None:
+def _give_tree(root: Path, owner: tuple[int, int]) -> None:
+    """Every node under ``root`` (and ``root``) owned by ``owner``, links themselves."""
+    uid, gid = owner
+    os.lchown(root, uid, gid)
+    for _rel, path, _st in _walk(root):
+        os.lchown(path, uid, gid)
+
+
+def _project_owner(target: Path) -> os.stat_result:
+    """Whose a path synced back into the project becomes: the owner of what it replaces, else
+    of its directory (never the sandbox's uid that wrote the copy)."""
+    try:
+        return target.lstat()
+    except FileNotFoundError:
+        return target.parent.lstat()
+
+
+def _copy_meta(source: Path, target: Path, owner: os.stat_result | None = None) -> None:
     st = source.lstat()
     os.chmod(target, stat.S_IMODE(st.st_mode))
-    _chown_like(target, st)
+    _chown_like(target, owner or st)
 
 
 def _copy_dir_node(source: Path, target: Path, st: os.stat_result) -> None:
@@ -394,16 +421,16 @@ def _copy_node(source: Path, target: Path, st: os.stat_result, entry: Entry) -> 
         _chown_like(target, st)
 
 
-def _put(source: Path, target: Path, entry: Entry) -> None:
+def _put(source: Path, target: Path, entry: Entry, owner: os.stat_result | None = None) -> None:
     """Put ``source`` (a file or link) at ``target`` atomically, replacing a link there
-    instead of writing through it."""
+    instead of writing through it; owned like ``owner`` (default: like ``source``)."""
     tmp = target.parent / f"{TMP_PREFIX}{secrets.token_hex(TMP_SUFFIX_BYTES)}"
     try:
         if entry.kind == "l":
             os.symlink(entry.target, tmp)
         else:
             shutil.copy2(source, tmp, follow_symlinks=False)
-        _chown_like(tmp, source.lstat())
+        _chown_like(tmp, owner or source.lstat())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

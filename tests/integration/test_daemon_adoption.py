@@ -394,6 +394,7 @@ def test_docker_sandbox_survives_a_daemon_crash_and_is_adopted(
 def test_unknown_container_with_our_label_is_removed_at_start(
     daemons: None, containers: None, model: FakeModelServer
 ) -> None:
+    from orchestrator.instance import instance_id
     from orchestrator.sandbox.docker import (
         LABEL_DAEMON,
         LABEL_HOST_PID,
@@ -406,14 +407,14 @@ def test_unknown_container_with_our_label_is_removed_at_start(
 
     client = docker_client()
 
-    def labelled(daemon_socket: str) -> str:
+    def labelled(daemon_socket: str, instance: str = instance_id()) -> str:
         container = client.containers.create(
             SESSION_IMAGE,
             ["true"],
             labels={
                 LABEL_OWNER: str(os.getuid()),
                 LABEL_SESSION: "s-unknown00000",
-                LABEL_INSTANCE: "main",
+                LABEL_INSTANCE: instance,
                 LABEL_HOST_PID: str(DEAD_PID),
                 LABEL_DAEMON: daemon_socket,
             },
@@ -422,6 +423,8 @@ def test_unknown_container_with_our_label_is_removed_at_start(
 
     ours = labelled(str(default_socket_path()))
     theirs = labelled(str(default_socket_path()) + ".another-daemon")
+    # Same socket path, another state dir's instance (a setup sharing XDG_RUNTIME_DIR).
+    other_setup = labelled(str(default_socket_path()), "0123456789abcdef")
     try:
         _start_daemon()
         # Not in this daemon's table: a daemon that died between `docker run` and recording.
@@ -429,6 +432,7 @@ def test_unknown_container_with_our_label_is_removed_at_start(
         from orchestrator.sandbox.docker import list_owned
 
         assert theirs in [c.id for c in list_owned()]  # another daemon's: not ours to remove
+        assert other_setup in [c.id for c in list_owned()]  # another instance's: neither
         assert daemon_cli("stop").returncode == 0
     finally:
-        remove_containers([ours, theirs])
+        remove_containers([ours, theirs, other_setup])
