@@ -135,13 +135,17 @@ async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
 
 
 async def sandbox_info(daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
-    """``{session, status, sandbox: null | {...}}`` (docs/protocol.md)."""
+    """``{session, status, sandbox: null | {...}, sandbox_failed: null | {failures, error}}``
+    (docs/protocol.md): ``sandbox_failed`` while the sandbox gave up starting (the session
+    itself stays usable; the next prompt or a restart tries again)."""
     live = daemon.orch.sessions.get(rec.id)
     sandbox = _up(live)
+    failure = daemon.orch.sandboxes.failure(rec.id) if live is not None else None
     return {
         "session": rec.id,
         "status": live.state if live is not None else rec.status,
         "sandbox": await _describe(meter, sandbox) if sandbox is not None else None,
+        "sandbox_failed": dict(failure) if failure is not None else None,
     }
 
 
