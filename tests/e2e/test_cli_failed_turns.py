@@ -130,7 +130,11 @@ def test_a_failed_turn_never_kills_the_session(model: FakeModelServer) -> None:
 
 
 def test_runaway_loops_stop_with_their_own_exit_code(model: FakeModelServer) -> None:
-    for task, status in (("REPEAT-CELL", "stuck"), ("BAD-JSON", "stuck")):
+    # In process, then the same through a daemon.
+    for task in ("REPEAT-CELL", "BAD-JSON", "start a daemon", "REPEAT-CELL", "BAD-JSON"):
+        if task == "start a daemon":
+            assert cli(["daemon", "start"]).returncode == 0
+            continue
         before = len(model.requests)
         proc = cli(["-p", task, "--model", "openai/fake", "--mode", "json"])
         assert proc.returncode == EXIT_STUCK, proc.stderr
@@ -138,7 +142,7 @@ def test_runaway_loops_stop_with_their_own_exit_code(model: FakeModelServer) -> 
         assert len(model.requests) - before == STUCK_REPEAT_LIMIT  # bounded
         lines = [json.loads(line) for line in proc.stdout.splitlines()]
         results = [e["payload"] for e in lines if e.get("type") == "tool_result"]
-        assert results[-1]["status"] == status
+        assert results[-1]["status"] == "stuck"
         assert lines[-1]["type"] == "run_end" and lines[-1]["payload"]["reason"] == "stuck"
 
     before = len(model.requests)
