@@ -2,8 +2,9 @@
 
 One run = ``run_session`` (the code path of ``prime-agent -p``: real DuckDB store, real Kernel
 Gateway sandbox from ``LocalBackend``, litellm over loopback HTTP) against the fake model
-server in its own process, scripted to ask for ``N_CELLS`` trivial cells (``x = 1``) and then
-answer with text. The sink timestamps every committed event as it happens.
+server in its own process, scripted to ask for ``N_CELLS`` trivial cells (``x = 1`` and
+``x = 2`` in turn) and then answer with text. The sink timestamps every committed event as it
+happens.
 
 Definitions (per tool call; the first call is left out because it waits for the cold sandbox
 and litellm's lazy set-up, so the window is tool_result #1 → tool_result #N, N−1 calls):
@@ -72,7 +73,11 @@ def _timed_appends() -> Iterator[dict[str, list[float]]]:
 
 
 def _script(cells: int) -> str:
-    return f"repeat {cells}:\n    code: x = 1\n---\ntext: done\n"
+    # Two cells in turn: the same cell over and over would stop the turn as stuck
+    # (orchestrator/agent/stuck.py).
+    pairs, odd = divmod(cells, 2)
+    tail = "code: x = 1\n---\n" if odd else ""
+    return f"repeat {pairs}:\n    code: x = 1\n    ---\n    code: x = 2\n---\n{tail}text: done\n"
 
 
 async def _one_run(srv: FakeServerProcess, base: Path, cells: int) -> dict[str, Any]:

@@ -14,6 +14,7 @@ __all__ = [
     "BusError",
     "ConfigError",
     "EmbeddedModelError",
+    "EmptyReply",
     "KernelDied",
     "MissingCredentials",
     "ModelError",
@@ -42,32 +43,63 @@ class ConfigError(UserError):
 
 
 class ModelError(PrimeAgentError):
-    """Something went wrong talking to a language model."""
+    """Something went wrong talking to a language model.
+
+    ``error_class`` names the kind of failure in one word (``rate_limited``, ``server_error``,
+    ``timeout``, ``stream_cut``, ``bad_response``, ``empty_reply``, ...): a failed turn's
+    ``turn_end`` and ``error`` events carry it, so a reader branches on it, not on the text.
+    """
+
+    error_class: str = "model_error"
 
 
 class ModelNotFound(UserError, ModelError):
     """The model selector names nothing we can call."""
 
+    error_class = "model_not_found"
+
 
 class MissingCredentials(UserError, ModelError):
     """The provider needs a key that is not set."""
+
+    error_class = "credentials"
 
 
 class ModelUnreachable(UserError, ModelError):
     """The endpoint did not answer (connection refused, DNS, TLS) after retries."""
 
+    error_class = "unreachable"
+
 
 class EmbeddedModelError(UserError, ModelError):
     """The embedded local model is missing, corrupt or failed to start."""
+
+    error_class = "embedded_model"
 
 
 class ProviderError(ModelError):
     """The provider answered with an error we gave up retrying (5xx, 429, bad reply)."""
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        error_class: str = "provider_error",
+    ):
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        self.error_class = error_class
+
+
+class EmptyReply(ProviderError):
+    """The model answered with nothing (no text, no tool call) again after one retry: never a
+    completed answer (docs/agent-loop.md)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, error_class="empty_reply")
 
 
 class SandboxError(PrimeAgentError):

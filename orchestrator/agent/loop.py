@@ -32,7 +32,8 @@ from orchestrator.agent.compaction import (
 from orchestrator.agent.fenced import extract_fenced_call
 from orchestrator.agent.prompts import IPYTHON_TOOL
 from orchestrator.agent.shaping import shape_cell_result
-from orchestrator.errors import ModelError, SandboxError
+from orchestrator.agent.stuck import RepeatGuard, Verdict, repeat_notice, stuck_message
+from orchestrator.errors import EmptyReply, ModelError, SandboxError
 from orchestrator.ids import new_tool_call_id
 from orchestrator.models.client import ContextOverflow, ModelClient, ModelReply, RetryInfo
 from orchestrator.models.registry import ResolvedModel
@@ -56,11 +57,23 @@ __all__ = ["AgentLoop", "EventSink", "LoopHooks", "Recorder", "TurnOutcome"]
 
 TOOL_NAME = "ipython"
 StopReason = Literal[
-    "completed", "error", "aborted", "max_steps", "budget_exceeded", "compaction_failed"
+    "completed",
+    "error",
+    "aborted",
+    "max_steps",
+    "budget_exceeded",
+    "compaction_failed",
+    "stuck",
 ]
 # The error event kinds of the two ways context handling can stop a turn.
 COMPACTION_ERROR_KIND = "compaction"
 OVERFLOW_ERROR_KIND = "context_overflow"
+MODEL_ERROR_KIND = "model"
+STUCK_ERROR_KIND = "stuck"
+# An empty reply (no text, no tool call) is asked for again this many times, then it is an
+# error (``EmptyReply``): never a completed answer.
+EMPTY_REPLY_RETRIES = 1
+EMPTY_REPLY_REASON = "the model sent an empty reply (no text, no tool call)"
 
 
 class Recorder(Protocol):
@@ -90,12 +103,28 @@ class TurnOutcome:
     final_text: str = ""
     error: BaseException | None = None
 
+    @property
+    def error_class(self) -> str | None:
+        """The typed class of a model error that ended the turn (``ModelError.error_class``)."""
+        found = getattr(self.error, "error_class", None)
+        return found if isinstance(found, str) else None
+
 
 @dataclass
 class _Call:
     id: str
     name: str
     arguments: str
+
+
+@dataclass
+class _Parsed:
+    """A tool call's arguments: the code to run, or (``code`` None) why it is malformed."""
+
+    code: str | None
+    timeout_s: float = 0.0
+    error: str = ""
+    status: str = ""
 
 
 class AgentLoop:
@@ -132,6 +161,7 @@ class AgentLoop:
         # What holds the loop now: a prompt must not arrive while a cell runs or the context
         # is being compacted (the scheduler defers heartbeats then; docs/control.md).
         self.activity: Literal["idle", "turn", "cell", "compacting"] = "idle"
+        self._repeats = RepeatGuard()  # this turn's run of repeated calls (agent/stuck.py)
         self.compactor = Compactor(
             settings=settings.compaction,
             context=context,
@@ -218,9 +248,13 @@ class AgentLoop:
                 "user_message", first or UserMessagePayload(text=str(prompt), source=source)
             )
             self._turn_event_id = getattr(rec, "id", None)
+            self._repeats = RepeatGuard(self._repeats.limit)
             try:
                 outcome = await self._steps()
-                await self._append("turn_end", TurnEndPayload(reason=outcome.reason))
+                await self._append(
+                    "turn_end",
+                    TurnEndPayload(reason=outcome.reason, error_class=outcome.error_class),
+                )
                 return outcome
             except asyncio.CancelledError:
                 # Record the abort even though we are being cancelled: shield the write.
@@ -241,29 +275,10 @@ class AgentLoop:
             stopped = await self._compact_if_due()
             if stopped is not None:
                 return stopped
-            try:
-                reply = await self._call_model()
-            except ContextOverflow as exc:
-                # Compact, then retry this call exactly once; a second overflow stops the turn.
-                stopped = await self._compact("overflow", None)
-                if stopped is not None:
-                    return stopped
-                try:
-                    reply = await self._call_model()
-                except ContextOverflow as again:
-                    text = f"the context is still too long after compacting: {again} ({exc})"
-                    await self._append(
-                        "error", ErrorPayload(kind=OVERFLOW_ERROR_KIND, message=text)
-                    )
-                    return TurnOutcome(reason="error", error=again)
-                except ModelError as failed:
-                    await self._append("error", ErrorPayload(kind="model", message=str(failed)))
-                    return TurnOutcome(reason="error", error=failed)
-            except ModelError as exc:
-                await self._append("error", ErrorPayload(kind="model", message=str(exc)))
-                return TurnOutcome(reason="error", error=exc)
-
-            calls, text, fenced = self._calls_from(reply.text, reply.tool_calls)
+            answer = await self._answer()
+            if isinstance(answer, TurnOutcome):
+                return answer
+            reply, calls, text, fenced = answer.reply, answer.calls, answer.text, answer.fenced
             stop: Literal["stop", "tool_calls", "length"] = (
                 "tool_calls" if calls else ("length" if reply.finish_reason == "length" else "stop")
             )
@@ -284,8 +299,10 @@ class AgentLoop:
             )
             if not calls:
                 return TurnOutcome(reason="completed", final_text=text)
-            for call in calls:
-                await self._run_call(call)
+            for index, call in enumerate(calls):
+                stuck = await self._run_call(call)
+                if stuck is not None:
+                    return await self._stuck(stuck, calls[index + 1 :])
         await self._append(
             "error",
             ErrorPayload(
@@ -294,6 +311,65 @@ class AgentLoop:
             ),
         )
         return TurnOutcome(reason="max_steps")
+
+    async def _answer(self) -> _Answer | TurnOutcome:
+        """One model call that gives something: an empty reply is asked for again
+        (``EMPTY_REPLY_RETRIES``), then it is an error; a model error stops the turn."""
+        for attempt in range(1, EMPTY_REPLY_RETRIES + 2):
+            got = await self._reply()
+            if isinstance(got, TurnOutcome):
+                return got
+            calls, text, fenced = self._calls_from(got.text, got.tool_calls)
+            if calls or text.strip():
+                return _Answer(got, calls, text, fenced)
+            # Spent tokens count even for nothing; the empty reply stays out of the history.
+            await self.record("usage", got.usage)
+            if attempt <= EMPTY_REPLY_RETRIES:
+                retry = RetryInfo(attempt=attempt, delay_s=0.0, reason=EMPTY_REPLY_REASON)
+                await self._on_retry(retry)
+        failed = EmptyReply(f"{EMPTY_REPLY_REASON}, {EMPTY_REPLY_RETRIES + 1} times in a row")
+        return await self._model_failed(failed)
+
+    async def _reply(self) -> ModelReply | TurnOutcome:
+        """One model call; a context overflow compacts and retries it exactly once."""
+        try:
+            return await self._call_model()
+        except ContextOverflow as exc:
+            # Compact, then retry this call exactly once; a second overflow stops the turn.
+            stopped = await self._compact("overflow", None)
+            if stopped is not None:
+                return stopped
+            try:
+                return await self._call_model()
+            except ContextOverflow as again:
+                text = f"the context is still too long after compacting: {again} ({exc})"
+                await self._append(
+                    "error",
+                    ErrorPayload(
+                        kind=OVERFLOW_ERROR_KIND, message=text, error_class=again.error_class
+                    ),
+                )
+                return TurnOutcome(reason="error", error=again)
+            except ModelError as failed:
+                return await self._model_failed(failed)
+        except ModelError as exc:
+            return await self._model_failed(exc)
+
+    async def _model_failed(self, exc: ModelError) -> TurnOutcome:
+        """A model error ends the turn (typed); the session takes the next message."""
+        await self._append(
+            "error",
+            ErrorPayload(kind=MODEL_ERROR_KIND, message=str(exc), error_class=exc.error_class),
+        )
+        return TurnOutcome(reason="error", error=exc)
+
+    async def _stuck(self, verdict: Verdict, rest: list[_Call]) -> TurnOutcome:
+        """The turn stops: the same (or a malformed) call came ``limit`` times in a row."""
+        message = stuck_message(verdict)
+        for call in rest:  # every tool call needs a result, or providers reject the history
+            await self._tool_error(call, f"[notice] not run: the turn {message}", "not_run")
+        await self._append("error", ErrorPayload(kind=STUCK_ERROR_KIND, message=message))
+        return TurnOutcome(reason="stuck", final_text=message)
 
     async def _call_model(self) -> ModelReply:
         return await self.client.complete(
@@ -353,53 +429,69 @@ class AgentLoop:
         # The whole reply stays in the history: the model sees what it wrote.
         return [call], text, True
 
-    async def _run_call(self, call: _Call) -> None:
+    async def _run_call(self, call: _Call) -> Verdict | None:
+        """Run one call; a ``Verdict`` when it is the one that makes the turn stuck."""
         async with self._doing("cell"):
-            await self._run_cell(call)
+            return await self._run_cell(call)
 
-    async def _run_cell(self, call: _Call) -> None:
-        self._emit({"type": "tool_start", "tool_call_id": call.id, "arguments": call.arguments})
+    def _parse(self, call: _Call) -> _Parsed:
         if call.name != TOOL_NAME:
-            await self._tool_error(
-                call, f"unknown tool {call.name!r}: the only tool is ipython", "unknown_tool"
+            return _Parsed(
+                None,
+                error=f"unknown tool {call.name!r}: the only tool is ipython",
+                status="unknown_tool",
             )
-            return
         try:
             args = json.loads(call.arguments or "{}")
         except json.JSONDecodeError as exc:
-            await self._tool_error(
-                call,
-                f"the tool arguments are not valid JSON ({exc.msg} at char {exc.pos}); "
+            return _Parsed(
+                None,
+                error=f"the tool arguments are not valid JSON ({exc.msg} at char {exc.pos}); "
                 'call ipython with arguments like {"code": "print(1)"}',
-                "invalid_arguments",
+                status="invalid_arguments",
             )
-            return
         code = args.get("code") if isinstance(args, dict) else None
         if not isinstance(code, str):
-            await self._tool_error(
-                call, 'the ipython tool needs a string argument "code"', "invalid_arguments"
+            return _Parsed(
+                None,
+                error='the ipython tool needs a string argument "code"',
+                status="invalid_arguments",
             )
-            return
         timeout = self.settings.cell_timeout_s
         asked = args.get("timeout")
         if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > 0:
             timeout = min(float(asked), self.settings.cell_timeout_ceiling_s)
+        return _Parsed(code, timeout_s=timeout)
 
+    async def _run_cell(self, call: _Call) -> Verdict | None:
+        self._emit({"type": "tool_start", "tool_call_id": call.id, "arguments": call.arguments})
+        parsed = self._parse(call)
+        verdict = self._repeats.observe(parsed.code)
+        if verdict.action == "stop":
+            text = f"[notice] {stuck_message(verdict)}; this call was not run"
+            await self._tool_error(call, text, "stuck")
+            return verdict
+        notice = repeat_notice(verdict, self._repeats.limit)
+        if parsed.code is None:
+            await self._tool_error(call, _noticed(notice, parsed.error), parsed.status)
+            return None
         started = time.monotonic()
         try:
             sandbox = await self.get_sandbox()
-            result = await sandbox.execute(code, timeout_s=timeout, cell_id=call.id)
+            result = await sandbox.execute(parsed.code, timeout_s=parsed.timeout_s, cell_id=call.id)
         except asyncio.CancelledError:
             await asyncio.shield(self._abort_cell(call, started))
             raise
         except SandboxError as exc:
-            await self._tool_error(call, f"the sandbox failed: {exc}", "sandbox_error")
-            return
+            await self._tool_error(
+                call, _noticed(notice, f"the sandbox failed: {exc}"), "sandbox_error"
+            )
+            return None
         await self._append(
             "tool_result",
             ToolResultPayload(
                 tool_call_id=call.id,
-                text=shape_cell_result(result),
+                text=_noticed(notice, shape_cell_result(result)),
                 is_error=result.status != "ok",
                 status=result.status,
                 duration_ms=result.duration_ms,
@@ -407,6 +499,7 @@ class AgentLoop:
                 kernel_restarted=result.kernel_restarted,
             ),
         )
+        return None
 
     async def _abort_cell(self, call: _Call, started: float) -> None:
         # Every tool call in the history gets a result, or providers reject the next request.
@@ -431,3 +524,17 @@ class AgentLoop:
             "tool_result",
             ToolResultPayload(tool_call_id=call.id, text=message, is_error=True, status=status),
         )
+
+
+@dataclass
+class _Answer:
+    """A model reply that has something in it: its tool calls (native or fenced) and text."""
+
+    reply: ModelReply
+    calls: list[_Call]
+    text: str
+    fenced: bool
+
+
+def _noticed(notice: str, text: str) -> str:
+    return f"{notice}\n{text}" if notice else text

@@ -13,17 +13,22 @@ __all__ = [
     "EXIT_ABORTED",
     "EXIT_ERROR",
     "EXIT_OK",
+    "EXIT_STUCK",
     "EXIT_USAGE",
     "fail",
     "guarded",
     "report",
     "stopped_run",
+    "stuck_run",
 ]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # the run failed (model gave up, sandbox died, internal error)
 EXIT_USAGE = 2  # the user can fix it: bad option, unknown model, missing key, unreachable
 EXIT_ABORTED = 130  # Ctrl-C (128 + SIGINT)
+# The turn stopped with reason ``stuck``: the model repeated one call (agent/stuck.py). Not 3-6:
+# those are the autonomous limits (control/autonomous.py repeats this value).
+EXIT_STUCK = 7
 
 T = TypeVar("T")
 
@@ -69,3 +74,10 @@ def stopped_run(reason: str, detail: str, exit_code: int, final_text: str, json_
     shown = f"{reason}: {detail}" if detail else reason
     print(f"prime-agent: the run stopped: {shown}", file=sys.stderr)
     return exit_code
+
+
+def stuck_run(detail: str) -> int:
+    """A print-mode run whose turn stopped ``stuck``: one line on stderr, ``EXIT_STUCK``."""
+    shown = f"stuck: {detail}" if detail else "stuck"
+    print(f"prime-agent: the run stopped: {shown}", file=sys.stderr)
+    return EXIT_STUCK

@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     guarded,
     report,
     stopped_run,
+    stuck_run,
 )
 from orchestrator.cli.controls import Controls, controls_from_flags
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
@@ -360,6 +361,8 @@ def _run(
             return EXIT_OK
         if outcome.error is not None:
             return report(outcome.error, debug=debug)
+        if outcome.reason == "stuck":
+            return stuck_run(outcome.final_text)
         print(f"prime-agent: the run ended: {outcome.reason}", file=sys.stderr)
         return EXIT_ERROR
 

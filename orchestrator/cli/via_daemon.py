@@ -20,7 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator.cli.common import EXIT_ABORTED, EXIT_ERROR, EXIT_OK, EXIT_USAGE, stopped_run
+from orchestrator.cli.common import (
+    EXIT_ABORTED,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    stopped_run,
+    stuck_run,
+)
 from orchestrator.cli.connect import DaemonLink
 from orchestrator.cli.follow import Follower
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
@@ -191,5 +198,7 @@ async def _run(
     if outcome.get("error"):
         print(f"prime-agent: error: {outcome['error']}", file=sys.stderr)
         return EXIT_USAGE if outcome.get("user_error") else EXIT_ERROR
+    if outcome.get("reason") == "stuck":
+        return stuck_run(str(outcome.get("final_text") or ""))
     print(f"prime-agent: the run ended: {outcome.get('reason')}", file=sys.stderr)
     return EXIT_ERROR if outcome.get("reason") != "aborted" else EXIT_ABORTED

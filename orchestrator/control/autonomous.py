@@ -15,7 +15,8 @@ which counts the turn and its tokens and returns a decision:
 The rules, in order:
 
 1. A turn that ended with a model error (outcome ``error``, ``budget_exceeded``,
-   ``compaction_failed``) stops with ``model_error``; an aborted turn with ``aborted``.
+   ``compaction_failed``) stops with ``model_error``; an aborted turn with ``aborted``; a
+   turn that stopped ``stuck`` (the model repeated one call) with ``stuck``.
 2. With gates, they run in order (``run_gate``: in the session's sandbox, with the session's
    workspace as working directory, ``gate_timeout_s`` each) and the first failure ends the
    pass; each run is a ``gate_result`` event. Every gate passed: stop with ``gate_passed``,
@@ -121,6 +122,7 @@ StopReason = Literal[
     "time_limit",
     "gate_failed",
     "model_error",
+    "stuck",
     "aborted",
 ]
 STOP_REASONS: Final[tuple[StopReason, ...]] = get_args(StopReason)
@@ -134,6 +136,7 @@ EXIT_GATE_FAILED: Final = 6
 _EXIT_OK: Final = 0  # EXIT_OK
 _EXIT_ERROR: Final = 1  # EXIT_ERROR
 _EXIT_ABORTED: Final = 130  # EXIT_ABORTED
+_EXIT_STUCK: Final = 7  # EXIT_STUCK
 
 EXIT_CODES: Final[Mapping[StopReason, int]] = MappingProxyType(
     {
@@ -145,6 +148,7 @@ EXIT_CODES: Final[Mapping[StopReason, int]] = MappingProxyType(
         "time_limit": EXIT_TIME_LIMIT,
         "gate_failed": EXIT_GATE_FAILED,
         "model_error": _EXIT_ERROR,
+        "stuck": _EXIT_STUCK,
         "aborted": _EXIT_ABORTED,
     }
 )
@@ -152,6 +156,7 @@ EXIT_CODES: Final[Mapping[StopReason, int]] = MappingProxyType(
 # Turn outcomes (agent/loop.py StopReason) that end an autonomous run.
 MODEL_ERROR_OUTCOMES: Final = frozenset({"error", "budget_exceeded", "compaction_failed"})
 ABORTED_OUTCOMES: Final = frozenset({"aborted"})
+STUCK_OUTCOME: Final = "stuck"  # the model repeated one call (agent/stuck.py)
 
 CONTINUATION_PROMPT: Final = (
     "[autonomous] No human input is available. Keep working on the task on your own: check "
@@ -330,6 +335,8 @@ class Autonomy:
             return Stop("model_error", f"the turn ended with {outcome}")
         if outcome in ABORTED_OUTCOMES:
             return Stop("aborted", "the turn was aborted")
+        if outcome == STUCK_OUTCOME:  # continuing would only repeat the loop
+            return Stop("stuck", "the model repeated the same call until the turn stopped")
         if run.policy.gates:
             return await self._gate_pass(target, run)
         limit = self._limit(run)

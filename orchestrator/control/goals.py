@@ -12,7 +12,8 @@ which accounts the turn and returns the text of the next harness message, or Non
   tokens spent before the goal was created or while it was paused are never counted, and a
   turn that was aborted (no ``turn_end``) is counted with the turn after it. Leaving
   ``active`` (complete, pause, clear) accounts first, so the final report is exact.
-- **Stopping.** A turn that ended in error (``ERROR_OUTCOMES``) sets the goal to ``error``;
+- **Stopping.** A turn that ended in error or stuck (``ERROR_OUTCOMES``) sets the goal to
+  ``error`` (the goal's status; the session itself takes the next message);
   an aborted turn (the user interrupted) gets no continuation but keeps the goal active.
 - **Budget.** The first time tokens used reach the budget, the goal becomes
   ``budget_limited`` and the wrap-up instruction is returned: once, since a budget-limited goal
@@ -79,7 +80,7 @@ GOAL_SOURCES: Final[tuple[GoalSource, ...]] = get_args(GoalSource)
 
 # Turn outcomes (``TurnOutcome.reason``) after which the goal cannot go on by itself: the
 # model failed, the session's own budget is spent, or compaction could not make room.
-ERROR_OUTCOMES: Final = frozenset({"error", "budget_exceeded", "compaction_failed"})
+ERROR_OUTCOMES: Final = frozenset({"error", "budget_exceeded", "compaction_failed", "stuck"})
 ABORTED_OUTCOME: Final = "aborted"
 
 # GoalError codes (host error codes: a handler passes them to the kernel unchanged).

@@ -34,6 +34,7 @@ from orchestrator.control.goals import start_text
 from orchestrator.control.timespec import HEARTBEAT_COMMAND
 from orchestrator.errors import UserError
 from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.sessions.manager import TERMINAL_STATES
 from orchestrator.store.autonomy import AutonomyRow
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
@@ -56,7 +57,7 @@ __all__ = [
 
 _CODES: Final = {"not_found": E_NOT_FOUND, "conflict": E_CONFLICT}
 # Statuses in which a session takes no more turns: autonomous mode cannot be turned on there.
-_ENDED: Final = frozenset({"error", "aborted", "deleted"})
+_ENDED: Final = TERMINAL_STATES
 _POLICY_FIELDS: Final = ("gates", "max_turns", "max_tokens", "timeout_ms")
 ELAPSED_DECIMALS: Final = 3
 

@@ -391,7 +391,9 @@ class DaemonHandler(CommandHandler):
             # The run's last event, as an in-process print-mode run records it; pushed to the
             # client before this answer (same queue), so a JSON stream ends with it.
             ended = stop.reason if stop is not None else outcome.reason
-            payload = RunEndPayload(reason=ended, final_text=outcome.final_text)
+            payload = RunEndPayload(
+                reason=ended, final_text=outcome.final_text, error_class=outcome.error_class
+            )
             await orch.record(live, "run_end", payload)
         if release and live.record.parent_id is None:
             await orch.unload(live)

@@ -135,14 +135,20 @@ async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
 
 
 async def sandbox_info(daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
-    """``{session, status, sandbox: null | {...}}`` (docs/protocol.md)."""
+    """``{session, status, sandbox: null | {...}}`` (docs/protocol.md), plus ``sandbox_failed:
+    {failures, error}`` while the sandbox is marked failed (its start backoff gave up; the
+    session itself stays usable, and its next prompt or a restart tries again)."""
     live = daemon.orch.sessions.get(rec.id)
     sandbox = _up(live)
-    return {
+    answer: JsonObject = {
         "session": rec.id,
         "status": live.state if live is not None else rec.status,
         "sandbox": await _describe(meter, sandbox) if sandbox is not None else None,
     }
+    failure = daemon.orch.sandboxes.failure(rec.id) if live is not None else None
+    if failure is not None:
+        answer["sandbox_failed"] = failure
+    return answer
 
 
 async def sandbox_control(

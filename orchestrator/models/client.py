@@ -9,6 +9,7 @@ retry through ``on_retry`` so it becomes an event, and ends in a ``ModelReply`` 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -115,6 +116,18 @@ def _is_connect_failure(exc: BaseException) -> bool:
     return False
 
 
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """True when ``kind`` is somewhere in ``exc``'s cause chain (not ``exc`` itself)."""
+    current = exc.__cause__ or exc.__context__
+    for _ in range(CHAIN_DEPTH_MAX):
+        if current is None:
+            return False
+        if isinstance(current, kind):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # litellm prefixes messages with its exception path; keep what the provider said.
@@ -168,7 +181,7 @@ class ModelClient:
             reply.usage.latency_ms = (time.monotonic() - started) * 1000.0
             return reply
         assert last is not None
-        raise self._translate(litellm, last, connection_failures == attempts)
+        raise self._translate(litellm, last, connection_failures == attempts, attempt)
 
     def _delay(self, exc: BaseException, attempt: int) -> float | None:
         asked = _retry_after_s(exc) if _status(exc) == HTTP_TOO_MANY_REQUESTS else None
@@ -181,31 +194,40 @@ class ModelClient:
         return backoff
 
     def _classify(self, litellm: Any, exc: BaseException) -> tuple[bool, str]:
+        retryable, reason, _ = self._classify_typed(litellm, exc)
+        return retryable, reason
+
+    def _classify_typed(self, litellm: Any, exc: BaseException) -> tuple[bool, str, str]:
+        """(retryable, a reason for the retry event, the error class of ``ModelError``)."""
         if isinstance(exc, _StreamCut):
-            return True, "stream ended before the reply was complete"
+            return True, "stream ended before the reply was complete", "stream_cut"
         if _is_connect_failure(exc):
-            return True, f"connection failed: {_short(exc)}"
+            return True, f"connection failed: {_short(exc)}", "connection"
         if isinstance(exc, TimeoutError | litellm.Timeout):
-            return True, "timed out waiting for the model"
+            return True, "timed out waiting for the model", "timeout"
         if isinstance(exc, litellm.ContextWindowExceededError):
-            return False, "context window exceeded"
+            return False, "context window exceeded", "context_overflow"
         if isinstance(exc, litellm.AuthenticationError | litellm.NotFoundError):
-            return False, _short(exc)
+            return False, _short(exc), "rejected"
+        if _caused_by(exc, json.JSONDecodeError):  # a body that does not parse
+            return True, f"unreadable reply from the server: {_short(exc)}", "bad_response"
         status = _status(exc)
         if status == HTTP_TOO_MANY_REQUESTS or isinstance(exc, litellm.RateLimitError):
-            return True, f"rate limited (429): {_short(exc)}"
+            return True, f"rate limited (429): {_short(exc)}", "rate_limited"
+        if any(k.__name__ == "MidStreamFallbackError" for k in type(exc).__mro__):
+            return True, f"stream broke off: {_short(exc)}", "stream_cut"
         if status is not None and status >= HTTP_SERVER_ERROR:
-            return True, f"server error ({status}): {_short(exc)}"
+            return True, f"server error ({status}): {_short(exc)}", "server_error"
         if isinstance(exc, litellm.APIConnectionError):
-            return True, f"connection failed: {_short(exc)}"
-        if isinstance(exc, litellm.BadRequestError):
-            return False, _short(exc)
-        return False, _short(exc)
+            return True, f"connection failed: {_short(exc)}", "connection"
+        return False, _short(exc), "bad_request"
 
-    def _translate(self, litellm: Any, exc: BaseException, never_connected: bool) -> ModelError:
+    def _translate(
+        self, litellm: Any, exc: BaseException, never_connected: bool, attempts: int
+    ) -> ModelError:
         where = self.model.api_base or self.model.provider
         if isinstance(exc, litellm.ContextWindowExceededError):
-            return ContextOverflow(_short(exc), status=_status(exc))
+            return ContextOverflow(_short(exc), status=_status(exc), error_class="context_overflow")
         if isinstance(exc, litellm.AuthenticationError):
             return MissingCredentials(
                 f"{where} rejected the API key for {self.model.selector}: check the key"
@@ -217,11 +239,14 @@ class ModelClient:
                 f"cannot reach the model endpoint {where}: {_short(exc)}; "
                 "check --api-base and that the server is running"
             )
-        _, reason = self._classify(litellm, exc)
+        retryable, reason, error_class = self._classify_typed(litellm, exc)
+        if retryable and _status(exc) == HTTP_TOO_MANY_REQUESTS and self._delay(exc, 1) is None:
+            reason += f" (asked to wait longer than {self.settings.retry_max_delay_s:g} s)"
         return ProviderError(
-            f"{self.model.selector}: {reason} (gave up after "
-            f"{self.settings.model_max_retries + 1} attempts)",
+            f"{self.model.selector}: {reason} (gave up after {attempts} "
+            f"attempt{'' if attempts == 1 else 's'})",
             status=_status(exc),
+            error_class=error_class,
         )
 
     async def _attempt(

@@ -66,7 +66,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOTICE_PREVIEW_CHARS = 600
-TERMINAL_STATES = frozenset({"error", "aborted", "deleted"})
+# A failed turn never ends a session (it rests idle and takes the next message), so ``error``
+# is not here: a row an older version left ``error`` wakes like any other.
+TERMINAL_STATES = frozenset({"aborted", "deleted"})
 # Rows that claim a live session: after a restart nothing is loaded, so they are stale.
 STALE_LIVE_STATUSES: Final = frozenset({"running", "idle"})
 # Told to the model at the first model call after a session with a REPL history is reloaded
@@ -94,7 +96,7 @@ class FamilyTimeout(PrimeAgentError):
 
 
 class SessionNotLoadable(UserError):
-    """The session cannot be loaded: unknown, terminal (deleted, aborted, error), or closing."""
+    """The session cannot be loaded: unknown, terminal (deleted, aborted), or closing."""
 
 
 @dataclass
@@ -534,18 +536,14 @@ class Orchestrator:
             live.steer.clear()
             # Tell the parent *before* this session looks settled: otherwise a print-mode run
             # could see the whole tree quiet in between and end before the parent hears.
-            failed = outcome.reason not in ("completed", "aborted")  # error, limits, compaction
+            failed = outcome.reason not in ("completed", "aborted")  # error, limits, stuck...
             if failed or not live.follow:
                 await self._notify_parent(live, outcome)
-            if failed:
-                await self._set_state(live, "error")
-                if outcome.reason == "budget_exceeded":
-                    return  # spent: no more turns for this session
-                continue
             if live.follow:
                 continue
-            rest = "completed" if live.record.parent_id else "idle"
-            await self._set_state(live, self.sandboxes.resting_state(live, rest))
+            # A failed turn rests like any other: its typed error is in its events (error,
+            # turn_end), and the next message starts a turn that calls the model again.
+            await self._set_state(live, "completed" if live.record.parent_id else "idle")
 
     # -- post-turn work: harness, goals, autonomous mode (sessions/post_turn.py) ------------
 
@@ -713,13 +711,19 @@ class Orchestrator:
         reason = outcome.reason if outcome is not None else "aborted"
         stop = live.run_stop  # an autonomous or goal run: its stop reason names the end
         text = outcome.final_text if outcome else ""
+        error_class = outcome.error_class if outcome is not None else None
         with contextlib.suppress(Exception):
             await self.record(
                 live,
                 "run_end",
-                RunEndPayload(reason=stop.reason if stop else reason, final_text=text),
+                RunEndPayload(
+                    reason=stop.reason if stop else reason,
+                    final_text=text,
+                    error_class=error_class,
+                ),
             )
-        final = {"completed": "completed", "aborted": "aborted"}.get(reason, "error")
+        # A failed run's session is not loaded any more and wakes for the next message.
+        final = {"completed": "completed", "aborted": "aborted"}.get(reason, "inactive")
         await self._set_state(live, final)
 
     async def close(self) -> None:

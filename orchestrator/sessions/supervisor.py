@@ -7,8 +7,10 @@ cell (``task_for``) and routes every new sandbox through it (``started``). The s
   snapshots, revival in every new kernel, a last snapshot before the sandbox stops;
 - starts a new sandbox when the last one is ``lost`` (gone between or during cells);
 - backs off after a failed start (``START_BACKOFF_BASE_S``, doubling, at most
-  ``START_BACKOFF_MAX_S``) and after ``START_MAX_FAILURES`` failures in a row marks the session
-  ``failed``: no more attempts until new input starts a turn (``before_turn``);
+  ``START_BACKOFF_MAX_S``) and after ``START_MAX_FAILURES`` failures in a row marks the
+  *sandbox* failed (``failure``; ``sandbox_info`` shows it): no more attempts until new input
+  starts a turn (``before_turn``) or ``sandbox restart`` unloads and reloads the session. The
+  session itself stays ``idle``: it takes the next message like after any failed turn;
 - on a wake from the store, starts the sandbox at once when a snapshot exists, so that the
   first turn's harness note can say which names came back (``revive_on_load``).
 
@@ -34,7 +36,6 @@ from orchestrator.settings import SANDBOX_START_TIMEOUT_S, SNAPSHOT_DEBOUNCE_S
 from orchestrator.store.events import UserMessagePayload
 
 __all__ = [
-    "FAILED_STATE",
     "START_BACKOFF_BASE_S",
     "START_BACKOFF_MAX_S",
     "START_MAX_FAILURES",
@@ -45,8 +46,7 @@ log = logging.getLogger(__name__)
 
 START_BACKOFF_BASE_S: Final = 1.0  # after the n-th failed start in a row: 1, 2, 4 ... s
 START_BACKOFF_MAX_S: Final = 60.0
-START_MAX_FAILURES: Final = 3  # failed starts in a row before the session is ``failed``
-FAILED_STATE: Final = "failed"
+START_MAX_FAILURES: Final = 3  # failed starts in a row before the sandbox is marked failed
 # How long a woken session's first turn waits for its sandbox (and revival) before the model
 # is called anyway (the revival notice then comes with the first cell's result).
 REVIVAL_WAIT_S: Final = SANDBOX_START_TIMEOUT_S
@@ -94,8 +94,16 @@ class SandboxSupervisor:
         self._sessions.pop(session_id, None)
 
     def is_failed(self, session_id: str) -> bool:
+        """The session's sandbox gave up starting (until the next prompt or a restart)."""
         state = self._sessions.get(session_id)
         return state is not None and state.failed
+
+    def failure(self, session_id: str) -> dict[str, Any] | None:
+        """``{failures, error}`` while the session's sandbox is marked failed, else None."""
+        state = self._sessions.get(session_id)
+        if state is None or not state.failed:
+            return None
+        return {"failures": state.failures, "error": state.last_error}
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -134,9 +142,8 @@ class SandboxSupervisor:
         if state.failures >= self.max_failures:
             state.failed = True
             return SandboxStartError(
-                f"{exc}; the sandbox failed to start {state.failures} times in a row, so this "
-                "session is marked failed: stop running cells; it tries again when it gets a "
-                "new prompt"
+                f"{exc}; the sandbox failed to start {state.failures} times in a row, so it is "
+                "marked failed: stop running cells; it is tried again at the next prompt"
             )
         return SandboxStartError(
             f"{exc} (failed start {state.failures} of {self.max_failures}; the next cell "
@@ -148,7 +155,7 @@ class SandboxSupervisor:
     ) -> asyncio.Task[Sandbox]:
         """The session's sandbox task for the next cell: the current one, or a new start when
         the last start failed (after its backoff) or the sandbox was lost. Raises
-        ``SandboxStartError`` while the session is failed."""
+        ``SandboxStartError`` while the sandbox is marked failed."""
         state = self._session(live.id)
         task = live.sandbox_task
         if task is not None and task.done() and _spent(task):
@@ -156,9 +163,9 @@ class SandboxSupervisor:
         if live.sandbox_task is None:
             if state.failed:
                 raise SandboxStartError(
-                    f"this session is failed: its sandbox did not start {state.failures} times "
-                    f"in a row (last error: {state.last_error}); it tries again when it gets a "
-                    "new prompt"
+                    f"the sandbox is marked failed: it did not start {state.failures} times "
+                    f"in a row (last error: {state.last_error}); it is tried again at the next "
+                    "prompt"
                 )
             wait = state.retry_at - asyncio.get_running_loop().time()
             if wait > 0:
@@ -179,11 +186,11 @@ class SandboxSupervisor:
         return True
 
     async def before_turn(self, live: LiveSession) -> None:
-        """At the start of every turn (new input): a failed session may try again, and a
+        """At the start of every turn (new input): a failed sandbox may be tried again, and a
         revival notice becomes a harness note the model reads before the input."""
         state = self._session(live.id)
         if state.failed:
-            log.info("session %s: new input, its sandbox is tried again", live.id)
+            log.info("session %s: new input, its failed sandbox is tried again", live.id)
             state.failed = False
             state.failures = 0
             state.retry_at = 0.0
@@ -196,10 +203,6 @@ class SandboxSupervisor:
         notice = state.keeper.take_notice()
         if notice:
             live.notes.append(UserMessagePayload(text=NOTE_PREFIX + notice, source="harness"))
-
-    def resting_state(self, live: LiveSession, default: str) -> str:
-        """The state after a turn: ``failed`` when the sandbox gave up, else ``default``."""
-        return FAILED_STATE if self.is_failed(live.id) else default
 
     # --- snapshots on demand ----------------------------------------------------------------
 

@@ -119,8 +119,10 @@ class RetryPayload(_Payload):
 
 
 class ErrorPayload(_Payload):
-    kind: str  # e.g. "provider", "sandbox", "max_steps"
+    kind: str  # e.g. "model", "budget", "max_steps", "stuck", "compaction"
     message: str
+    # A model error's class (``ModelError.error_class``: rate_limited, server_error, ...).
+    error_class: str | None = None
 
 
 class NoticePayload(_Payload):
@@ -132,15 +134,19 @@ class AbortedPayload(_Payload):
 
 
 class RunEndPayload(_Payload):
-    reason: str  # "completed", "error", "aborted", "max_steps"
+    reason: str  # "completed", "error", "aborted", "max_steps", "stuck"
     final_text: str = ""
+    error_class: str | None = None  # the last turn's, when it failed with a model error
 
 
 class TurnEndPayload(_Payload):
     """The end of one turn (a prompt and every step it caused), in every mode: what turn
     counts (refine's measured outcome, autonomous limits) read. Not part of the context."""
 
-    reason: str  # TurnOutcome.reason: "completed", "error", "max_steps", ...
+    reason: str  # TurnOutcome.reason: "completed", "error", "max_steps", "stuck", ...
+    # A failed turn's typed error (``ModelError.error_class``): the session takes the next
+    # message all the same (docs/agent-loop.md, "A failed turn").
+    error_class: str | None = None
 
 
 class GateResultPayload(_Payload):

@@ -63,6 +63,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "DEFAULT_MODEL_ID",
     "FAKE_CONTEXT_WINDOW",
+    "GARBAGE_BODY",
     "LOOPBACK_HOST",
     "TEXT_DELTA_CHARS",
     "FakeModelServer",
@@ -99,6 +100,9 @@ CUT_BODY_FRACTION = 0.5
 CUT_STREAM_FRACTION = 0.5
 _CHUNKED_END = b"0\r\n\r\n"
 _SSE_DONE = b"data: [DONE]\n\n"
+# What ``garbage`` answers with status 200: the error page of a proxy in front of the model,
+# sent where a completion belongs (as an SSE ``data:`` line to a streaming request).
+GARBAGE_BODY = b"<html><body><h1>502 Bad Gateway</h1>upstream sent junk</body></html>"
 
 # status → (OpenAI error "type", "code", default message)
 _ERROR_SHAPES: dict[int, tuple[str, str | None, str]] = {
@@ -520,6 +524,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def _fault(self, fault: HttpFault, body: dict[str, Any]) -> None:
+        if fault.garbage:
+            self._garbage(stream=body.get("stream") is True)
+            return
         if fault.overflow:
             tokens = _estimate_tokens(json.dumps(body.get("messages", [])))
             self._send_json(HTTPStatus.BAD_REQUEST, _overflow_json(tokens))
@@ -528,6 +535,23 @@ class _Handler(BaseHTTPRequestHandler):
         if fault.retry_after_s is not None:
             headers["Retry-After"] = _retry_after_header(fault.retry_after_s)
         self._send_json(fault.status, _error_json(fault.status, fault.message), headers)
+
+    def _garbage(self, *, stream: bool) -> None:
+        """200 and a body that parses as no completion: JSON mode gets the page itself, a
+        stream gets it as its one event (then the stream ends properly)."""
+        self.send_response(HTTPStatus.OK)
+        if not stream:
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(GARBAGE_BODY)))
+            self.end_headers()
+            self.wfile.write(GARBAGE_BODY)
+            return
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self._write_chunk(b"data: " + GARBAGE_BODY + b"\n\n")
+        self._write_chunk(_SSE_DONE)
+        self.wfile.write(_CHUNKED_END)
 
     def _stream(
         self, step: Step, reply: _Reply, completion_id: str, model: str, include_usage: bool

@@ -161,6 +161,7 @@ class HttpFault:
     retry_after_s: float | None = None
     message: str | None = None
     overflow: bool = False  # 400 context_length_exceeded in OpenAI's words
+    garbage: bool = False  # 200 with a body that is no completion (``GARBAGE_BODY``)
 
 
 @dataclass(frozen=True)
@@ -566,7 +567,7 @@ class _StepBuilder:
             if extra or self.chunk_delay_s is not None:
                 raise ScriptError(
                     self.line,
-                    "a fault step (status code, overflow) takes only `slow`, nothing else",
+                    "a fault step (status code, overflow, garbage) takes only `slow`, nothing else",
                 )
         elif self.empty and self.parts:
             raise ScriptError(self.line, "`empty` cannot be combined with content")
@@ -655,6 +656,9 @@ class _StepBuilder:
             self._no_block(d)
             self._no_args(d, args)
             self.empty = True
+        elif kw == "garbage":
+            self._no_args(d, args)
+            self._set_fault(d, HttpFault(status=HTTPStatus.OK, garbage=True))
         elif kw == "overflow":
             self._no_args(d, args)
             self._set_fault(d, HttpFault(status=HTTPStatus.BAD_REQUEST, overflow=True))

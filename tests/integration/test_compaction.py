@@ -246,7 +246,7 @@ async def test_a_failed_or_useless_summary_stops_the_turn_with_a_typed_reason(
     error = [e for e in events if e.type == "error"][-1]
     assert error.payload["kind"] == "compaction" and error.payload["message"].startswith(why)
     assert not [e for e in events if e.type == "compaction"]
-    assert live.state == "error"
+    assert live.state == "idle"  # the failed turn left the session usable
 
 
 REQUESTED: Final = (

@@ -41,8 +41,10 @@ TEST_TIMEOUT_S = 1200
 
 # Many small steps, so a kill lands between and inside commits.
 SCRIPT = """
-repeat 6:
+repeat 3:
     code: print(sum(range(1000)))
+    ---
+    code: print(sum(range(999)))
 ---
 text: done
 """

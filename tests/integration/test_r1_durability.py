@@ -28,8 +28,10 @@ RUN_TIMEOUT_S = 60.0
 
 # A run with many small steps, so a kill lands between and inside commits.
 SCRIPT = """
-repeat 6:
+repeat 3:
     code: print(sum(range(1000)))
+    ---
+    code: print(sum(range(999)))
 ---
 text: done
 """

@@ -1,6 +1,7 @@
 """Bounded restart backoff: a sandbox that will not start (a real failing start: the backend's
-interpreter is ``/bin/false``) is retried with backoff, then the session becomes ``failed``
-(in memory and in the store) and is tried again only when it gets a new prompt."""
+interpreter is ``/bin/false``) is retried with backoff, then the sandbox is marked failed (the
+session stays ``idle``, in memory and in the store) and is tried again only when the session
+gets a new prompt."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ repeat forever:
         code: print("hi")
     when "tries again after":
         code: print("hi")
-    when "marked failed":
-        code: print("hi")
-    when "this session is failed":
+    when "the sandbox is marked failed":
         text: giving up
+    when "marked failed":
+        code: print('hi')
     when re "^hi$":
         text: done
 """
@@ -38,10 +39,11 @@ async def test_repeated_start_failures_back_off_then_fail_until_a_new_prompt() -
         assert "failed start 1 of 3; the next cell tries again after 0.05 s" in texts[0]
         assert "failed start 2 of 3; the next cell tries again after 0.1 s" in texts[1]
         assert "marked failed" in texts[2]
-        assert "this session is failed" in texts[3]  # no fourth start was tried
-        assert live.state == "failed"
+        assert "the sandbox is marked failed" in texts[3]  # no fourth start was tried
+        assert h.orch.sandboxes.is_failed(live.id)
+        assert live.state == "idle"  # the sandbox failed, not the session
         rows = {r.id: r.status for r in await h.store.list_sessions()}
-        assert rows[live.id] == "failed"
+        assert rows[live.id] == "idle"
 
         backend.python = sys.executable  # repaired; only a new prompt tries again
         live = await h.prompt(live, "PLEASE-RUN again")

@@ -282,7 +282,16 @@ def test_exit_codes_match_docs_and_cli() -> None:
     assert EXIT_CODES["gate_passed"] == common.EXIT_OK
     assert EXIT_CODES["model_error"] == common.EXIT_ERROR
     assert EXIT_CODES["aborted"] == common.EXIT_ABORTED
-    limits = ["turn_limit", "token_limit", "time_limit", "gate_failed", "model_error", "aborted"]
+    assert EXIT_CODES["stuck"] == common.EXIT_STUCK
+    limits = [
+        "turn_limit",
+        "token_limit",
+        "time_limit",
+        "gate_failed",
+        "model_error",
+        "stuck",
+        "aborted",
+    ]
     codes = [EXIT_CODES[reason] for reason in limits]  # type: ignore[index]
     assert len(set(codes)) == len(codes) and common.EXIT_USAGE not in codes
     assert exit_code_for("turn_limit") == 3
@@ -427,6 +436,7 @@ async def test_limits_are_checked_turns_then_tokens_then_time(
         ("budget_exceeded", "model_error", 1),
         ("compaction_failed", "model_error", 1),
         ("aborted", "aborted", 130),
+        ("stuck", "stuck", 7),
     ],
 )
 async def test_a_failed_turn_stops_the_run(

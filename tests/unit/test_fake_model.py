@@ -25,6 +25,7 @@ import pytest
 from orchestrator.testing.fake_model import (
     ARGUMENT_DELTA_CHARS,
     FAKE_CONTEXT_WINDOW,
+    GARBAGE_BODY,
     TEXT_DELTA_CHARS,
     FakeModelServer,
 )
@@ -482,6 +483,17 @@ def test_http_faults() -> None:
         unauthorized = post(srv.url, {"messages": USER})
         assert unauthorized.status_code == 401
         assert unauthorized.json()["error"]["message"] == "bad key here"
+
+
+def test_http_garbage_body() -> None:
+    assert only_step("garbage").fault == HttpFault(200, garbage=True)
+    with FakeModelServer("garbage\n---\ngarbage") as srv:
+        plain = post(srv.url, {"messages": USER})
+        assert plain.status_code == 200 and plain.content == GARBAGE_BODY
+        streamed = post(srv.url, {"messages": USER, "stream": True})
+        assert streamed.status_code == 200
+        assert streamed.text.splitlines()[0] == "data: " + GARBAGE_BODY.decode()
+        assert streamed.text.rstrip().endswith("data: [DONE]")
 
 
 def test_http_cut_stream_and_body() -> None:
