@@ -8,7 +8,9 @@
   (in-process: ``sessions/runner.py``; through the daemon: the ``abort`` command, which cascades),
   records it, and ``run_interruptible`` returns ``EXIT_ABORTED``. A run that has not ended
   ``ABORT_EXIT_DEADLINE_S`` after the signal exits with ``EXIT_ABORTED`` anyway;
-- a **second** signal exits at once (``EXIT_ABORTED``), whatever is still running.
+- a **second** signal exits at once (``EXIT_ABORTED``), whatever is still running;
+- a signal while no run is in progress (``install_handlers`` was called, the run has not
+  reached its loop yet, or has ended) exits at once (``EXIT_ABORTED``).
 
 The run's code never waits for a cancellation to travel through it: ``abort`` is an event it
 races against its work, so a cancellation swallowed somewhere below cannot lose the signal.
@@ -42,6 +44,7 @@ __all__ = [
     "ABORT_SIGNALS",
     "EXIT_GRACE_S",
     "SignalAbort",
+    "install_handlers",
     "run_interruptible",
 ]
 
@@ -52,6 +55,7 @@ ABORT_EXIT_DEADLINE_S: Final = 45.0
 EXIT_GRACE_S: Final = 15.0
 _DEADLINE_POLL_S: Final = 0.5
 _SECOND_SIGNAL_LINE: Final = b"prime-agent: interrupted again; exiting now\n"
+_NO_RUN_LINE: Final = b"prime-agent: interrupted\n"
 _DEADLINE_LINE: Final = b"prime-agent: the abort did not finish in time; exiting now\n"
 
 
@@ -124,6 +128,8 @@ class SignalAbort:
         self.count += 1
         if self.count > 1:
             _exit_now(EXIT_ABORTED, _SECOND_SIGNAL_LINE)
+        if self._loop is None:  # no run in progress: nothing to abort
+            _exit_now(EXIT_ABORTED, _NO_RUN_LINE)
         self.signum = signum
         self.deadline.arm(EXIT_ABORTED, ABORT_EXIT_DEADLINE_S, _DEADLINE_LINE)
         loop, event = self._loop, self._event
@@ -133,13 +139,27 @@ class SignalAbort:
                 loop.call_soon_threadsafe(event.set)
 
 
+_installed: SignalAbort | None = None
+
+
+def install_handlers() -> SignalAbort:
+    """Take over SIGINT and SIGTERM now (idempotent): the run command calls this as soon as
+    it knows it will run, so a signal during its start-up is not a traceback. Until a run is
+    bound to its loop (and after it ended) a signal exits at once: nothing exists yet that an
+    abort would have to stop."""
+    global _installed
+    if _installed is None:
+        _installed = SignalAbort()
+        _installed.install()
+    return _installed
+
+
 def run_interruptible(main: Callable[[asyncio.Event], Awaitable[int]]) -> int:
     """Run ``main(abort)`` to its exit code; a signal makes it ``EXIT_ABORTED`` (see module).
 
     Must be called from the main thread (signal handlers live there).
     """
-    state = SignalAbort()
-    state.install()
+    state = install_handlers()
     loop = asyncio.new_event_loop()
     # The loop's self-pipe is the wakeup fd: a signal wakes the selector even when it is
     # delivered to another thread of the process.

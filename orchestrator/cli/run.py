@@ -23,7 +23,7 @@ from orchestrator.cli.common import (
     stopped_run,
 )
 from orchestrator.cli.controls import Controls, controls_from_flags
-from orchestrator.cli.interrupts import run_interruptible
+from orchestrator.cli.interrupts import install_handlers, run_interruptible
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.errors import UserError
 from orchestrator.paths import Paths
@@ -185,6 +185,8 @@ def run(
         request = ResumeRequest(
             resume, continue_last, text, cwd, mode is Mode.json, model, api_base, no_daemon
         )
+        if text:  # a follow-up run (without a task it attaches: Ctrl-C detaches there)
+            install_handlers()
         raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
     controls = guarded(
         lambda: controls_from_flags(
@@ -204,6 +206,7 @@ def run(
     workdir = (cwd or Path.cwd()).expanduser()
     if not workdir.is_dir():
         fail(f"--cwd {workdir} is not a directory")
+    install_handlers()  # from here on a signal is an abort (cli/interrupts.py)
     code = guarded(
         lambda: _run(
             text,

@@ -4,8 +4,14 @@ The daemon owns the database while it runs, so a print-mode run goes through it:
 session with its task, attach with ``family`` (replaying anything already recorded, and
 receiving every descendant's events as the in-process JSON mode does), stream events, and ask
 the daemon to answer when the whole tree is quiet; ``release`` then records ``run_end`` and
-unloads the tree (sandboxes stop, the session stays on disk and reloads on demand). Ctrl-C
-aborts the running turn.
+unloads the tree (sandboxes stop, the session stays on disk and reloads on demand).
+
+SIGINT or SIGTERM (``cli/interrupts.py`` sets ``abort``) sends ``abort``, which the daemon
+cascades to the session's subagents, and waits (``ABORT_SETTLE_S``) for the tree's quiet point,
+so ``run_end`` is recorded and the tree released as after any run. A lost connection (the daemon
+was killed or restarted) is not the end: the client waits for a daemon to answer again
+(``RECONNECT_TIMEOUT_S``), follows the session again from the cursors it had printed and waits
+for the turn the new daemon resumes.
 
 ``--resume ID|NAME`` / ``--continue`` with a task run it as a follow-up on an existing session
 the same way: attach from the session's current cursor (only this run's events are printed),
@@ -184,7 +190,8 @@ async def _run(
                     return EXIT_ABORTED
                 # The daemon died (or was restarted): it continues an interrupted turn when it
                 # starts again, so wait for it, follow the session again and wait again.
-                await _reconnect(link, follower, session, abort)
+                if not await _reconnect(link, follower, session, abort):
+                    return EXIT_ABORTED
     except ApiCommandError as exc:
         print(f"prime-agent: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -250,7 +257,8 @@ async def _quiet_or_abort(
     if waiting.done():
         return dict(waiting.result())
     try:
-        await link.mutate("abort", session=session)
+        # One try, not ``mutate``: its resend could start a daemon just to abort in it.
+        await link.call("abort", session=session)
         async with asyncio.timeout(ABORT_SETTLE_S):
             await waiting
     except (TimeoutError, ConnectionClosed, ApiError, UserError) as exc:
@@ -264,9 +272,10 @@ async def _quiet_or_abort(
 
 async def _reconnect(
     link: DaemonLink, follower: Follower, session: str, abort: asyncio.Event | None
-) -> None:
+) -> bool:
     """Wait (``RECONNECT_TIMEOUT_S`` at most) for a daemon to answer again, then follow the
-    session's family again from the cursors already printed (nothing twice, nothing lost)."""
+    session's family again from the cursors already printed (nothing twice, nothing lost).
+    False when a signal came meanwhile; ``UserError`` when no daemon came back."""
     from orchestrator.api.errors import ConnectionClosed
     from orchestrator.errors import ApiError
 
@@ -275,11 +284,11 @@ async def _reconnect(
     deadline = loop.time() + RECONNECT_TIMEOUT_S
     while True:
         if abort is not None and abort.is_set():
-            raise ConnectionClosed("interrupted while waiting for the daemon")
+            return False
         try:
             await link.reconnect()
             await follower.reattach(link.client, session)
-            return
+            return True
         except (ApiError, ConnectionClosed, UserError, OSError) as exc:
             if loop.time() >= deadline:
                 raise UserError(

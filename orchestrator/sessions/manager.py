@@ -665,7 +665,8 @@ class Orchestrator:
         ``stop_session`` ends a session for good; a user's abort does not. The driver is
         cancelled (the loop records ``aborted`` and interrupts a running cell, shielded) and a
         fresh driver starts for the same session. Steer messages that never reached the model
-        move to the front of the follow-up queue, as between normal turns.
+        move to the front of the follow-up queue, as between normal turns. ``state``: the
+        state it rests in afterwards (default idle, or completed for a subagent).
         """
         async with self._abort_lock:  # two aborts at once must not start two drivers
             driver = live.driver

@@ -32,6 +32,9 @@ from tests.helpers import (
     write_config,
 )
 
+# Several real processes per test on a loaded machine: more than the default 120 s.
+pytestmark = pytest.mark.timeout(600)
+
 # Bounds, not expectations (a loaded machine starts a kernel in seconds).
 START_TIMEOUT_S = 120.0
 EXIT_WAIT_S = 60.0  # a signalled run exits well within cli/interrupts.py's abort deadline
