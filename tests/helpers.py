@@ -11,9 +11,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 __all__ = [
+    "CliRun",
     "cli",
     "daemon_pids",
     "descendant_pids",
+    "kill_process_tree",
     "pids_alive",
     "stop_daemons",
     "wait_until",
@@ -192,3 +194,94 @@ def stop_daemons(runtime_dir: str) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(int(entry), signal.SIGTERM)
     return pids
+
+
+def kill_process_tree(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` and every process below it (a failing test leaves nothing behind)."""
+    import signal
+
+    below = descendant_pids(proc.pid)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=DAEMON_STOP_GRACE_S)
+
+
+class CliRun:
+    """``prime-agent ARGS`` in the background: stdout lines (JSON ones parsed) and stderr are
+    collected on threads. ``kill()`` (what a test's fixture calls at teardown) ends it and
+    everything it started."""
+
+    def __init__(self, args: Sequence[str], *, cwd: Path | None = None):
+        import json
+        import threading
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+            cwd=cwd,
+        )
+        self.out: list[str] = []
+        self.events: list[dict[str, object]] = []
+        self.err: list[str] = []
+
+        def read_out() -> None:
+            assert self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.out.append(line)
+                with contextlib.suppress(ValueError):
+                    parsed = json.loads(line)
+                    if isinstance(parsed, dict):
+                        self.events.append(parsed)
+
+        def read_err() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.err.append(line)
+
+        self._readers = [
+            threading.Thread(target=read_out, daemon=True),
+            threading.Thread(target=read_err, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.out)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.err)
+
+    def event(self, type_: str, timeout: float) -> dict[str, object] | None:
+        """The first JSON line of ``type_`` (waiting up to ``timeout``), or None."""
+        found: list[dict[str, object]] = []
+
+        def seen() -> bool:
+            found[:] = [e for e in list(self.events) if e.get("type") == type_]
+            return bool(found) or self.proc.poll() is not None
+
+        wait_until(seen, timeout=timeout)
+        return found[0] if found else None
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if it is still running after ``timeout``."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for reader in self._readers:
+            reader.join(timeout=timeout)
+        return code
+
+    def kill(self) -> None:
+        kill_process_tree(self.proc)

@@ -16,6 +16,7 @@ try:  # typer >= 0.20 vendors click; its UsageError is the base of every parse e
 except ImportError:  # pragma: no cover - older typer on plain click
     from click.exceptions import UsageError  # type: ignore[assignment]
 
+from orchestrator.cli import abort as abort_cmd
 from orchestrator.cli import agents as agents_cmd
 from orchestrator.cli import compact as compact_cmd
 from orchestrator.cli import control as control_cmd
@@ -53,6 +54,9 @@ app.command("attach", help="Follow a session's events (Ctrl-C detaches; it keeps
     sessions_cmd.attach
 )
 app.command("send", help="Send a session a message (a user turn).")(sessions_cmd.send)
+app.command("abort", help="Stop a session's running turn and its subagents' turns.")(
+    abort_cmd.abort
+)
 app.command("observe", help="A session's state, usage and newest events.")(sessions_cmd.observe)
 app.command("export", help="Write a session as JSONL (Prime Agent / pi session format).")(
     export_cmd.export
@@ -105,6 +109,7 @@ SUBCOMMANDS = frozenset(
         "agents",
         "attach",
         "send",
+        "abort",
         "observe",
         "images",
         "doctor",

@@ -11,10 +11,12 @@ from orchestrator.errors import PrimeAgentError, UserError
 
 __all__ = [
     "EXIT_ABORTED",
+    "EXIT_BUDGET_SPENT",
     "EXIT_ERROR",
     "EXIT_OK",
     "EXIT_STUCK",
     "EXIT_USAGE",
+    "budget_spent",
     "fail",
     "guarded",
     "report",
@@ -25,7 +27,11 @@ __all__ = [
 EXIT_OK = 0
 EXIT_ERROR = 1  # the run failed (model gave up, sandbox died, internal error)
 EXIT_USAGE = 2  # the user can fix it: bad option, unknown model, missing key, unreachable
-EXIT_ABORTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_ABORTED = 130  # Ctrl-C or SIGTERM (128 + SIGINT)
+# The root's token budget is spent: an autonomous run's token limit (control/autonomous.py
+# EXIT_TOKEN_LIMIT; a test pins them equal), with the same stop reason.
+EXIT_BUDGET_SPENT = 4
+BUDGET_STOP_REASON = "token_limit"
 # The turn stopped with reason ``stuck``: the model repeated one call (agent/stuck.py). Not 3-6:
 # those are the autonomous limits (control/autonomous.py repeats this value).
 EXIT_STUCK = 7
@@ -81,3 +87,9 @@ def stuck_run(detail: str) -> int:
     shown = f"stuck: {detail}" if detail else "stuck"
     print(f"prime-agent: the run stopped: {shown}", file=sys.stderr)
     return EXIT_STUCK
+
+
+def budget_spent(detail: str) -> int:
+    """A run whose token budget was spent (turn outcome ``budget_exceeded``): one line saying
+    so, and ``EXIT_BUDGET_SPENT``."""
+    return stopped_run(BUDGET_STOP_REASON, detail, EXIT_BUDGET_SPENT, "", json_mode=True)

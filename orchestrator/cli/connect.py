@@ -101,6 +101,7 @@ class DaemonLink:
 
     def __init__(self) -> None:
         self._client: ControlClient | None = None
+        self._client_id: str | None = None  # kept across reconnects
 
     async def __aenter__(self) -> DaemonLink:
         await self.connect()
@@ -123,6 +124,14 @@ class DaemonLink:
         except DaemonNotRunning as exc:
             raise UserError(str(exc)) from None
         return self._client
+
+    async def reconnect(self) -> ControlClient:
+        """A new connection with the same client id (one try; the daemon may be restarting):
+        ``UserError`` when none answers."""
+        client_id = self._client.client_id if self._client is not None else self._client_id
+        self._client_id = client_id
+        await self.close()
+        return await self.connect(client_id)
 
     async def close(self) -> None:
         client, self._client = self._client, None

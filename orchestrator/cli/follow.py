@@ -63,6 +63,22 @@ class Follower:
                 self.cursors.setdefault(member, None)
         return result
 
+    async def reattach(self, client: ControlClient, session: str) -> None:
+        """Follow ``session``'s family again on a new connection (the daemon restarted): from
+        the cursors already applied, so nothing is emitted twice; a descendant not seen yet
+        is replayed from the start."""
+        self.client = client
+        known = self.cursors.get(session) or _FROM_THE_START
+        result: dict[str, Any] = await client.call(
+            "attach", session=session, cursor=known, family=True
+        )
+        self._apply(session, result)
+        for member in result.get("family") or []:
+            if self.cursors.get(member, _FROM_THE_START) is None:
+                continue  # a resumed run's old descendant: only its pushed events count
+            self.cursors.setdefault(member, _FROM_THE_START)
+            await self._replay(member)
+
     async def follow_until(self, work: Awaitable[T]) -> T:
         """Emit events as they come until ``work`` finishes; then those that came before its
         answer (the daemon sends them first, on the same connection), and return its result."""

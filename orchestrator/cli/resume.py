@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.cli.common import EXIT_ABORTED
+from orchestrator.cli.interrupts import run_interruptible
 from orchestrator.errors import UserError
 
 __all__ = ["ResumeRequest", "resume_session"]
@@ -75,16 +76,17 @@ def _follow_up(request: ResumeRequest, cwd: Path) -> int:
     from orchestrator.settings import load_settings
 
     settings = load_settings(Paths.from_env().config_file)
-    try:
-        return asyncio.run(
-            continue_via_daemon(
-                selector=request.selector,
-                text=request.text,
-                cwd=cwd,
-                json_mode=request.json_mode,
-                wait_timeout_s=settings.family_wait_timeout_s,
-            )
+    # SIGINT / SIGTERM abort the turn (and its subagents') as in print mode (cli/interrupts.py).
+    code = run_interruptible(
+        lambda abort: continue_via_daemon(
+            selector=request.selector,
+            text=request.text,
+            cwd=cwd,
+            json_mode=request.json_mode,
+            wait_timeout_s=settings.family_wait_timeout_s,
+            abort=abort,
         )
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    )
+    if code == EXIT_ABORTED:
         print("prime-agent: interrupted; the session history is kept", file=sys.stderr)
-        return EXIT_ABORTED
+    return code

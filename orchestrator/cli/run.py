@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -17,6 +16,7 @@ from orchestrator.cli.common import (
     EXIT_ABORTED,
     EXIT_ERROR,
     EXIT_OK,
+    budget_spent,
     fail,
     guarded,
     report,
@@ -24,6 +24,7 @@ from orchestrator.cli.common import (
     stuck_run,
 )
 from orchestrator.cli.controls import Controls, controls_from_flags
+from orchestrator.cli.interrupts import install_handlers, run_interruptible
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.errors import UserError
 from orchestrator.paths import Paths
@@ -32,6 +33,7 @@ from orchestrator.settings import Settings
 __all__ = ["Mode", "run"]
 
 STDIN_MAX_BYTES = 10 * 1024 * 1024
+INTERRUPTED_LINE = "prime-agent: interrupted; the session history is kept"
 
 
 class Mode(StrEnum):
@@ -184,6 +186,8 @@ def run(
         request = ResumeRequest(
             resume, continue_last, text, cwd, mode is Mode.json, model, api_base, no_daemon
         )
+        if text:  # a follow-up run (without a task it attaches: Ctrl-C detaches there)
+            install_handlers()
         raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
     controls = guarded(
         lambda: controls_from_flags(
@@ -203,6 +207,7 @@ def run(
     workdir = (cwd or Path.cwd()).expanduser()
     if not workdir.is_dir():
         fail(f"--cwd {workdir} is not a directory")
+    install_handlers()  # from here on a signal is an abort (cli/interrupts.py)
     code = guarded(
         lambda: _run(
             text,
@@ -239,24 +244,24 @@ def _through_daemon(
 
     controls = controls or Controls()
 
-    try:
-        return asyncio.run(
-            run_via_daemon(
-                text=text,
-                model=model_sel,
-                api_base=api_base,
-                cwd=cwd,
-                backend=backend,
-                json_mode=mode is Mode.json,
-                wait_timeout_s=settings.family_wait_timeout_s,
-                refine=None if settings.harness.refine_enabled else False,
-                autonomous=controls.autonomous,
-                goal=controls.goal,
-            )
+    code = run_interruptible(
+        lambda abort: run_via_daemon(
+            text=text,
+            model=model_sel,
+            api_base=api_base,
+            cwd=cwd,
+            backend=backend,
+            json_mode=mode is Mode.json,
+            wait_timeout_s=settings.family_wait_timeout_s,
+            refine=None if settings.harness.refine_enabled else False,
+            autonomous=controls.autonomous,
+            goal=controls.goal,
+            abort=abort,
         )
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("prime-agent: interrupted; the session history is kept", file=sys.stderr)
-        return EXIT_ABORTED
+    )
+    if code == EXIT_ABORTED:
+        print(INTERRUPTED_LINE, file=sys.stderr)
+    return code
 
 
 def _run(
@@ -327,12 +332,9 @@ def _run(
         if isinstance(sink, JsonLinesSink):
             sink({"type": "session", "version": 3, "id": session_id, "cwd": str(cwd)})
 
-    async def main() -> int:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        # SIGTERM stops like Ctrl-C: cancel, record the abort, stop the sandbox.
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    async def main(abort: asyncio.Event) -> int:
+        # SIGINT and SIGTERM set ``abort`` (cli/interrupts.py): the tree's turns are aborted
+        # and recorded, its sandboxes stop, and the run exits EXIT_ABORTED.
         result = await run_session(
             RunOptions(
                 task=text,
@@ -347,8 +349,11 @@ def _run(
             paths,
             sink=sink,
             on_session=header,
+            abort=abort,
         )
         outcome = result.outcome
+        if abort.is_set() or outcome.reason == "aborted":
+            return EXIT_ABORTED
         if result.stop is not None:
             stop = result.stop
             return stopped_run(
@@ -359,6 +364,8 @@ def _run(
                 sys.stdout.write(outcome.final_text.rstrip("\n") + "\n")
                 sys.stdout.flush()
             return EXIT_OK
+        if outcome.reason == "budget_exceeded":
+            return budget_spent(outcome.final_text)
         if outcome.error is not None:
             return report(outcome.error, debug=debug)
         if outcome.reason == "stuck":
@@ -367,14 +374,13 @@ def _run(
         return EXIT_ERROR
 
     try:
-        code = asyncio.run(main())
+        code = run_interruptible(main)
+        if code == EXIT_ABORTED:
+            print(INTERRUPTED_LINE, file=sys.stderr)
         # Everything is closed; tearing down litellm's ~4,000 modules object by object costs
         # ~1 s at exit. Freezing the heap lets the interpreter skip collecting it.
         gc.freeze()
         return code
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        print("prime-agent: interrupted; the session history is kept", file=sys.stderr)
-        return EXIT_ABORTED
     except UserError:
         raise
     finally:

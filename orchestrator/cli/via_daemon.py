@@ -4,8 +4,14 @@ The daemon owns the database while it runs, so a print-mode run goes through it:
 session with its task, attach with ``family`` (replaying anything already recorded, and
 receiving every descendant's events as the in-process JSON mode does), stream events, and ask
 the daemon to answer when the whole tree is quiet; ``release`` then records ``run_end`` and
-unloads the tree (sandboxes stop, the session stays on disk and reloads on demand). Ctrl-C
-aborts the running turn.
+unloads the tree (sandboxes stop, the session stays on disk and reloads on demand).
+
+SIGINT or SIGTERM (``cli/interrupts.py`` sets ``abort``) sends ``abort``, which the daemon
+cascades to the session's subagents, and waits (``ABORT_SETTLE_S``) for the tree's quiet point,
+so ``run_end`` is recorded and the tree released as after any run. A lost connection (the daemon
+was killed or restarted) is not the end: the client waits for a daemon to answer again
+(``RECONNECT_TIMEOUT_S``), follows the session again from the cursors it had printed and waits
+for the turn the new daemon resumes.
 
 ``--resume ID|NAME`` / ``--continue`` with a task run it as a follow-up on an existing session
 the same way: attach from the session's current cursor (only this run's events are printed),
@@ -25,6 +31,7 @@ from orchestrator.cli.common import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    budget_spent,
     stopped_run,
     stuck_run,
 )
@@ -36,6 +43,12 @@ from orchestrator.errors import UserError
 __all__ = ["continue_via_daemon", "latest_root", "run_via_daemon"]
 
 CREATE_TIMEOUT_S: Final = 120.0  # the daemon may start the embedded model for this session
+# After a signal: how long the aborted tree has to go quiet (run_end, release) before we exit.
+ABORT_SETTLE_S: Final = 30.0
+# A daemon that went away mid-run (killed, restarted): how long to wait for one to answer,
+# and how often to try.
+RECONNECT_TIMEOUT_S: Final = 120.0
+RECONNECT_POLL_S: Final = 0.25
 # JSON mode's first line names the session format version (pi / Prime Agent session files).
 SESSION_FORMAT_VERSION: Final = 3
 # Sessions that cannot be continued, whatever their age.
@@ -60,6 +73,7 @@ async def run_via_daemon(
     refine: bool | None = None,
     autonomous: dict[str, Any] | None = None,
     goal: dict[str, Any] | None = None,
+    abort: asyncio.Event | None = None,
 ) -> int:
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
@@ -92,6 +106,7 @@ async def run_via_daemon(
             json_mode=json_mode,
             wait_timeout_s=wait_timeout_s,
             release=True,
+            abort=abort,
         )
 
 
@@ -102,6 +117,7 @@ async def continue_via_daemon(
     cwd: Path,
     json_mode: bool,
     wait_timeout_s: float,
+    abort: asyncio.Event | None = None,
 ) -> int:
     """``--resume SELECTOR`` (or ``--continue``: ``selector`` None) with a task."""
     async with DaemonLink() as link:
@@ -118,6 +134,7 @@ async def continue_via_daemon(
             release=not row.get("live"),
             cursor=int(found.get("cursor") or 0),
             follow_up=text,
+            abort=abort,
         )
 
 
@@ -141,11 +158,10 @@ async def _run(
     release: bool,
     cursor: int = 0,
     follow_up: str | None = None,
+    abort: asyncio.Event | None = None,
 ) -> int:
-    from orchestrator.api.errors import ApiCommandError
-    from orchestrator.api.protocol import WaitQuiet
+    from orchestrator.api.errors import ApiCommandError, ConnectionClosed
 
-    client = link.client
     sink = _sink(json_mode)
 
     def emit(event: dict[str, Any]) -> None:
@@ -155,7 +171,7 @@ async def _run(
     try:
         if isinstance(sink, JsonLinesSink):
             sink({"type": "session", "version": SESSION_FORMAT_VERSION, "id": session, "cwd": cwd})
-        follower = Follower(client, emit)
+        follower = Follower(link.client, emit)
         # A new session replays its (new) descendants; a resumed one skips their old history.
         await follower.attach(session, cursor, family=True, history=follow_up is None)
         if follow_up is not None:
@@ -164,24 +180,24 @@ async def _run(
             except UserError as exc:
                 print(f"prime-agent: error: {exc}", file=sys.stderr)
                 return EXIT_USAGE
-        outcome: dict[str, Any] = await follower.follow_until(
-            client.request(
-                WaitQuiet(
-                    command_id=client.new_command_id(),
-                    session=session,
-                    timeout_s=wait_timeout_s,
-                    release=release,
-                ),
-                timeout=wait_timeout_s + CREATE_TIMEOUT_S,
-            )
-        )
-    except asyncio.CancelledError:
-        with contextlib.suppress(Exception):
-            await client.call("abort", session=session)
-        raise
+        while True:
+            try:
+                outcome = await follower.follow_until(
+                    _quiet_or_abort(link, session, wait_timeout_s, release, abort)
+                )
+                break
+            except ConnectionClosed:
+                if abort is not None and abort.is_set():
+                    return EXIT_ABORTED
+                # The daemon died (or was restarted): it continues an interrupted turn when it
+                # starts again, so wait for it, follow the session again and wait again.
+                if not await _reconnect(link, follower, session, abort):
+                    return EXIT_ABORTED
     except ApiCommandError as exc:
         print(f"prime-agent: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    if abort is not None and abort.is_set():
+        return EXIT_ABORTED
     if outcome.get("exit_code") is not None:  # an autonomous or goal run stopped
         return stopped_run(
             str(outcome.get("stop_reason")),
@@ -195,6 +211,8 @@ async def _run(
             sys.stdout.write(str(outcome.get("final_text", "")).rstrip("\n") + "\n")
             sys.stdout.flush()
         return EXIT_OK
+    if outcome.get("reason") == "budget_exceeded":
+        return budget_spent(str(outcome.get("final_text", "")))
     if outcome.get("error"):
         print(f"prime-agent: error: {outcome['error']}", file=sys.stderr)
         return EXIT_USAGE if outcome.get("user_error") else EXIT_ERROR
@@ -202,3 +220,87 @@ async def _run(
         return stuck_run(str(outcome.get("final_text") or ""))
     print(f"prime-agent: the run ended: {outcome.get('reason')}", file=sys.stderr)
     return EXIT_ERROR if outcome.get("reason") != "aborted" else EXIT_ABORTED
+
+
+async def _quiet_or_abort(
+    link: DaemonLink,
+    session: str,
+    wait_timeout_s: float,
+    release: bool,
+    abort: asyncio.Event | None,
+) -> dict[str, Any]:
+    """``wait_quiet``'s answer; when ``abort`` is set first, ``abort`` the session (the daemon
+    aborts its descendants' turns too) and give the tree ``ABORT_SETTLE_S`` to go quiet, so
+    that ``run_end`` is recorded and the tree released as after any run."""
+    from orchestrator.api.errors import ConnectionClosed
+    from orchestrator.api.protocol import WaitQuiet
+    from orchestrator.errors import ApiError
+
+    client = link.client
+    waiting = asyncio.ensure_future(
+        client.request(
+            WaitQuiet(
+                command_id=client.new_command_id(),
+                session=session,
+                timeout_s=wait_timeout_s,
+                release=release,
+            ),
+            timeout=wait_timeout_s + CREATE_TIMEOUT_S,
+        )
+    )
+    if abort is None:
+        return dict(await waiting)
+    stop = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({waiting, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        if not waiting.done() and not abort.is_set():
+            waiting.cancel()  # we were cancelled ourselves
+    if waiting.done():
+        return dict(waiting.result())
+    try:
+        # One try, not ``mutate``: its resend could start a daemon just to abort in it.
+        await link.call("abort", session=session)
+        async with asyncio.timeout(ABORT_SETTLE_S):
+            await waiting
+    except (TimeoutError, ConnectionClosed, ApiError, UserError) as exc:
+        print(f"prime-agent: the abort did not settle: {exc}", file=sys.stderr)
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    return {"reason": "aborted"}
+
+
+async def _reconnect(
+    link: DaemonLink, follower: Follower, session: str, abort: asyncio.Event | None
+) -> bool:
+    """Wait (``RECONNECT_TIMEOUT_S`` at most) for a daemon to answer again, then follow the
+    session's family again from the cursors already printed (nothing twice, nothing lost).
+    False when a signal came meanwhile; ``UserError`` when no daemon came back."""
+    from orchestrator.api.errors import ConnectionClosed
+    from orchestrator.errors import ApiError
+
+    print("prime-agent: lost the daemon; waiting for it to come back", file=sys.stderr)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RECONNECT_TIMEOUT_S
+    while True:
+        if abort is not None and abort.is_set():
+            return False
+        try:
+            await link.reconnect()
+            await follower.reattach(link.client, session)
+            return True
+        except (ApiError, ConnectionClosed, UserError, OSError) as exc:
+            if loop.time() >= deadline:
+                raise UserError(
+                    f"the daemon did not come back within {RECONNECT_TIMEOUT_S:.0f} s ({exc}); "
+                    f"the session is kept: prime-agent --resume {session}"
+                ) from None
+        if abort is None:
+            await asyncio.sleep(RECONNECT_POLL_S)
+        else:  # a signal while we wait ends the wait
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(RECONNECT_POLL_S):
+                    await abort.wait()

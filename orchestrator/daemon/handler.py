@@ -152,8 +152,9 @@ class DaemonControl(Protocol):
         """The model with a live endpoint (starts the embedded model once, lazily)."""
         ...
 
-    async def abort_turn(self, live: LiveSession) -> bool:
-        """Stop the running turn of ``live``; the session stays idle and addressable."""
+    async def abort_tree(self, live: LiveSession) -> list[str]:
+        """Stop the running turns of ``live`` and its descendants; ``live`` stays idle and
+        addressable. The ids whose turn was aborted."""
         ...
 
     async def choose_backend(self, requested: str | None) -> BackendChoice:
@@ -608,9 +609,15 @@ class DaemonHandler(CommandHandler):
         rec = await self._record(selector)
         live = self.daemon.orch.sessions.get(rec.id)
         if live is None:  # not loaded: no turn runs, and waking it only to abort is pointless
-            return {"session": rec.id, "aborted": False, "status": rec.status}
-        aborted = await self.daemon.abort_turn(live)
-        return {"session": live.id, "aborted": aborted, "status": live.state}
+            return {"session": rec.id, "aborted": False, "status": rec.status, "sessions": []}
+        # Cascades: the turns of its running descendants are aborted too (children first).
+        aborted = await self.daemon.abort_tree(live)
+        return {
+            "session": live.id,
+            "aborted": bool(aborted),
+            "status": live.state,
+            "sessions": aborted,
+        }
 
     async def _attach(self, selector: str, cursor: int | None, family: bool) -> JsonObject:
         rec = await self._record(selector)

@@ -164,11 +164,12 @@ class Daemon:
             raise ApiCommandError(E_BUSY, "the daemon is still starting")
         return await self._backends.choose(requested)
 
-    async def abort_turn(self, live: LiveSession) -> bool:
-        """Stop the running turn; the session stays loaded and takes new prompts."""
-        aborted = await self.orch.abort_turn(live)
+    async def abort_tree(self, live: LiveSession) -> list[str]:
+        """Stop the running turn of the session and of its descendants (cascade); the session
+        stays loaded and takes new prompts. The ids whose turn was aborted."""
+        aborted = await self.orch.abort_tree(live)
         if aborted:
-            log.info("aborted the running turn of %s", live.id)
+            log.info("aborted %d running turn(s) under %s: %s", len(aborted), live.id, aborted)
         return aborted
 
     # ---------------------------------------------------------------------------- lifecycle

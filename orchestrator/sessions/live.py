@@ -72,6 +72,10 @@ class LiveSession:
     # and how its autonomous or goal run stopped (None while it runs, or for other sessions).
     goal_run: str | None = None
     run_stop: RunStop | None = None
+    # Set by a cascading abort (``Orchestrator.abort_tree``): queued input that is not the
+    # user's (subagent reports, notices, continuations) waits for the next user input instead
+    # of starting a turn on its own, so an aborted tree stays stopped.
+    held: bool = False
 
     @property
     def id(self) -> str:
@@ -84,6 +88,15 @@ class LiveSession:
     @property
     def pending(self) -> int:
         return len(self.steer) + len(self.follow)
+
+    @property
+    def has_work(self) -> bool:
+        """Queued input that starts (or continues) a turn; held input waits for the user's."""
+        if self.steer:
+            return True
+        if not self.held:
+            return bool(self.follow)
+        return any(item.payload.source == "user" for item in self.follow)
 
     def take_steering(self) -> list[UserMessagePayload]:
         taken, self.steer = self.steer, []

@@ -514,9 +514,10 @@ class Orchestrator:
     async def _drive(self, live: LiveSession) -> None:
         assert live.loop is not None
         while True:
-            while not live.follow:
+            while not live.has_work:
                 live.wake.clear()
                 await live.wake.wait()
+            live.held = False  # the user spoke: what was held runs in order
             item = live.follow.popleft()
             await self._set_state(live, "running")
             outcome: TurnOutcome | None = None
@@ -616,7 +617,15 @@ class Orchestrator:
         return [s for s in self.sessions.values() if s.record.root_id == root_id]
 
     def _quiet(self, root_id: str) -> bool:
-        return all(s.state != "running" and not s.pending for s in self.family(root_id))
+        root = self.sessions.get(root_id)
+        if root is not None and root.state != "running" and _spent(root):
+            # The tree's budget is spent (a root's counts every descendant's spending): no
+            # session in it may call the model again, so reports still coming change nothing.
+            return True
+        # A spent session takes no more turns: its queued input waits for nothing.
+        return all(
+            s.state != "running" and (not s.has_work or _spent(s)) for s in self.family(root_id)
+        )
 
     async def wait_quiet(self, root_id: str, timeout_s: float) -> None:
         """Until no session of the tree runs and no input waits (SPEC.md print mode)."""
@@ -650,13 +659,14 @@ class Orchestrator:
             await self._set_state(live, "inactive")
         self.sessions.pop(live.id, None)
 
-    async def abort_turn(self, live: LiveSession) -> bool:
+    async def abort_turn(self, live: LiveSession, *, state: str | None = None) -> bool:
         """Stop the running turn; the session stays loaded, idle and ready for more input.
 
         ``stop_session`` ends a session for good; a user's abort does not. The driver is
         cancelled (the loop records ``aborted`` and interrupts a running cell, shielded) and a
         fresh driver starts for the same session. Steer messages that never reached the model
-        move to the front of the follow-up queue, as between normal turns.
+        move to the front of the follow-up queue, as between normal turns. ``state``: the
+        state it rests in afterwards (default idle, or completed for a subagent).
         """
         async with self._abort_lock:  # two aborts at once must not start two drivers
             driver = live.driver
@@ -669,9 +679,47 @@ class Orchestrator:
             for leftover in reversed(live.steer):
                 live.follow.appendleft(leftover)
             live.steer.clear()
-            await self._set_state(live, "completed" if live.record.parent_id else "idle")
+            rest = "completed" if live.record.parent_id else "idle"
+            await self._set_state(live, state or rest)
             live.driver = asyncio.create_task(self._drive(live), name=f"driver-{live.id}")
             return True
+
+    async def abort_tree(self, live: LiveSession) -> list[str]:
+        """``abort``: stop the running turn of ``live`` and of every loaded descendant.
+
+        Descendants first (deepest first), so no report reaches a parent after its own abort:
+        a running descendant's turn is aborted (its ``aborted`` event recorded, its cell
+        interrupted) and it is marked ``aborted``. ``live`` itself stays loaded and idle
+        (``abort_turn``). Every session of the subtree holds its queued input that is not the
+        user's (``LiveSession.held``): nothing starts again on its own, and the tree is quiet.
+        When anything was aborted, ``live``'s outcome is ``aborted`` (what print mode reports).
+        Returns the ids whose turn was aborted.
+        """
+        before = live.last_outcome
+        if self._tree_running(live):
+            # First: a print-mode wait that sees the tree go quiet part-way must read this.
+            live.last_outcome = TurnOutcome(reason="aborted")
+        live.held = True
+        stopped = [sid for child in self._children(live) for sid in await self._abort_below(child)]
+        if await self.abort_turn(live):
+            stopped.append(live.id)
+        if not stopped:
+            live.last_outcome = before  # nothing ran after all
+        await self._changed_notify()
+        return stopped
+
+    def _tree_running(self, live: LiveSession) -> bool:
+        return live.state == "running" or any(self._tree_running(c) for c in self._children(live))
+
+    def _children(self, live: LiveSession) -> list[LiveSession]:
+        return [s for s in self.sessions.values() if s.record.parent_id == live.id]
+
+    async def _abort_below(self, live: LiveSession) -> list[str]:
+        stopped = [sid for child in self._children(live) for sid in await self._abort_below(child)]
+        live.held = True
+        if await self.abort_turn(live, state="aborted"):
+            stopped.append(live.id)
+        return stopped
 
     async def stop_session(self, live: LiveSession, *, state: str = "aborted") -> None:
         """Cancel a session and all its descendants; stop their sandboxes (cascade)."""
@@ -741,6 +789,11 @@ class Orchestrator:
                 await backend.close()
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
+
+
+def _spent(live: LiveSession) -> bool:
+    outcome = live.last_outcome
+    return outcome is not None and outcome.reason == "budget_exceeded"
 
 
 async def _ready(sandbox: Sandbox) -> Sandbox:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,7 +29,7 @@ from orchestrator.sessions.post_turn import begin_run, first_input
 from orchestrator.settings import Settings
 from orchestrator.store.db import Store
 
-__all__ = ["RunOptions", "RunResult", "make_backend", "run_session"]
+__all__ = ["RunOptions", "RunResult", "make_backend", "run_session", "until_aborted"]
 
 SESSION_NAME_MAX = 64
 
@@ -82,6 +82,26 @@ def make_backend(name: str, settings: Settings, *, network: bool = False) -> San
     )
 
 
+async def until_aborted(work: Awaitable[None], abort: asyncio.Event | None) -> bool:
+    """Await ``work`` unless ``abort`` is set first (then ``work`` is cancelled): True when
+    ``work`` finished. An explicit race, so a cancellation swallowed below cannot lose it."""
+    task = asyncio.ensure_future(work)
+    if abort is None:
+        await task
+        return True
+    stop = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if task.done():
+        task.result()  # its error, if it failed
+        return True
+    task.cancel()
+    await asyncio.wait({task})
+    return False
+
+
 def _docker_status(settings: Settings) -> tuple[bool, str]:
     # The docker SDK is imported only when docker is asked for.
     from orchestrator.sandbox.docker import docker_usable
@@ -98,7 +118,11 @@ async def run_session(
     *,
     sink: EventSink | None = None,
     on_session: Callable[[str], None] | None = None,
+    abort: asyncio.Event | None = None,
 ) -> RunResult:
+    """Run the task to the tree's quiet point. ``abort`` set (a signal, ``cli/interrupts.py``)
+    aborts the tree instead, at whatever point it is: the turns running are aborted and
+    recorded, the outcome is ``aborted``; the sandboxes stop either way."""
     # The bus first: a bad [nats] config is a one-line error before anything is opened.
     bus = NatsSessionBus(paths, nats=settings.nats)
     store = await Store.open(paths.database_file)
@@ -131,7 +155,10 @@ async def run_session(
             on_session(root.id)
         start = await begin_run(orch, root, autonomous=opts.autonomous, goal=opts.goal)
         orch.submit(root, first_input(root, opts.task, start))
-        await orch.wait_quiet(root.record.root_id, settings.family_wait_timeout_s)
+        quiet = orch.wait_quiet(root.record.root_id, settings.family_wait_timeout_s)
+        if not await until_aborted(quiet, abort):
+            await orch.abort_tree(root)
+            root.last_outcome = TurnOutcome(reason="aborted")
         outcome = root.last_outcome or TurnOutcome(reason="aborted")
         return RunResult(session_id=root.id, outcome=outcome, stop=root.run_stop)
     finally:

@@ -1,4 +1,7 @@
-"""Ctrl-C and kill -9 of a print-mode run: history kept, nothing left running."""
+"""Ctrl-C and kill -9 of a print-mode run: history kept, nothing left running.
+
+Every run is killed with what it started at teardown (``procs``), so a failing test leaves no
+process behind; tests/e2e/test_cli_abort.py has SIGINT at other moments, SIGTERM and abort."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 from orchestrator.paths import Paths
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, descendant_pids, pids_alive, wait_until
+from tests.helpers import cli, descendant_pids, kill_process_tree, pids_alive, wait_until
 
 LONG_CELL = "code: import time; time.sleep(120)"
 EXIT_WAIT_S = 30.0
@@ -28,7 +31,22 @@ def model() -> Iterator[FakeModelServer]:
         yield srv
 
 
-def _start(url: str) -> subprocess.Popen[str]:
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Every run a test starts; killed with all it started at teardown, pass or fail."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for proc in started:
+        kill_process_tree(proc)
+
+
+def _start(url: str, procs: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    proc = _popen(url)
+    procs.append(proc)
+    return proc
+
+
+def _popen(url: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -86,8 +104,10 @@ def _events(session_id: str) -> list[tuple[str, dict[str, object]]]:
     return asyncio.run(read())
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_the_history(model: FakeModelServer) -> None:
-    proc = _start(model.url)
+def test_ctrl_c_stops_cleanly_and_keeps_the_history(
+    model: FakeModelServer, procs: list[subprocess.Popen[str]]
+) -> None:
+    proc = _start(model.url, procs)
     session_id = _wait_for_cell(proc)
     children = _wait_for_kernel(proc.pid)
     proc.send_signal(signal.SIGINT)
@@ -99,8 +119,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_history(model: FakeModelServer) -> N
     assert types[-3:] == ["tool_result", "aborted", "run_end"]
 
 
-def test_kill_9_leaves_no_sandbox_process(model: FakeModelServer) -> None:
-    proc = _start(model.url)
+def test_kill_9_leaves_no_sandbox_process(
+    model: FakeModelServer, procs: list[subprocess.Popen[str]]
+) -> None:
+    proc = _start(model.url, procs)
     session_id = _wait_for_cell(proc)
     children = _wait_for_kernel(proc.pid)
     proc.kill()
@@ -112,7 +134,9 @@ def test_kill_9_leaves_no_sandbox_process(model: FakeModelServer) -> None:
     assert types[:2] == ["user_message", "assistant_message"]
 
 
-def test_shutdown_removes_containers_a_killed_run_left(model: FakeModelServer) -> None:
+def test_shutdown_removes_containers_a_killed_run_left(
+    model: FakeModelServer, procs: list[subprocess.Popen[str]]
+) -> None:
     from orchestrator.sandbox.docker import docker_usable, list_owned
 
     usable, why = docker_usable()
@@ -128,6 +152,7 @@ def test_shutdown_removes_containers_a_killed_run_left(model: FakeModelServer) -
         text=True,
         env=dict(os.environ),
     )
+    procs.append(proc)
     session_id = _wait_for_cell(proc)
 
     def mine() -> list[object]:
