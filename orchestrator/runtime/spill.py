@@ -19,8 +19,14 @@ output of child processes, which ipykernel reads back into the same stream):
   saw. Other Jupyter clients ignore the extra key and just see head and tail.
 
 The file holds exactly what the cell wrote to that stream (UTF-8; a lone surrogate is written
-backslash-escaped). Output a cell's threads write after it ended is sent as usual. Stdlib only,
-installed by the runtime extension (``orchestrator/runtime/__init__.py``).
+backslash-escaped). Output a cell's threads write after it ended is sent as usual.
+
+Results and displays are one message each (``session.send``, wrapped): a ``text/plain`` over
+``after`` goes to ``<cell>.result.txt`` / ``<cell>.display[-N].txt`` and is sent as head + tail
+with the same record (plus ``head``, where the head ends); other huge forms (HTML) are dropped.
+An exception with a huge message (in the ``error`` message and again in the ``execute_reply``)
+goes to ``<cell>.traceback.txt``; both are sent with a bounded evalue and traceback that name
+the file. Stdlib only, installed by the runtime extension (``orchestrator/runtime/__init__.py``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,14 @@ __all__ = ["SPILL_CONTENT_KEY", "SPILL_METADATA_KEY", "SPILL_STREAMS", "install"
 SPILL_METADATA_KEY = "prime_agent_spill"  # in an execute_request's metadata (host -> kernel)
 SPILL_CONTENT_KEY = "prime_agent_spill"  # in the closing stream message's content
 SPILL_STREAMS = ("stdout", "stderr")
+# An exception is sent twice: as iopub ``error`` and in the ``execute_reply``.
+ERROR_TYPES = ("error", "execute_reply")
+# Messages that are one block each, and the host's name for them.
+BLOCK_KINDS = {
+    "execute_result": "result",
+    "display_data": "display",
+    "update_display_data": "display",
+}
 SPILL_FILE_ENCODING = "utf-8"
 SPILL_FILE_ERRORS = "backslashreplace"
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9._-]")
@@ -151,6 +165,18 @@ class _StreamSpill:
         }
 
 
+class _Request:
+    """What the host asked for one cell."""
+
+    def __init__(self, directory: str, cell: str, after: int, tail: int) -> None:
+        self.directory = directory
+        self.cell = cell
+        self.after = after
+        self.tail = tail
+        self.counts: dict[str, int] = {}  # blocks spilled so far, per kind
+        self.traceback = ""  # the pointer to its traceback file, once written
+
+
 class _Spiller:
     """The kernel-wide state: the cells that asked for spilling, by execute_request msg_id."""
 
@@ -158,6 +184,9 @@ class _Spiller:
         self.ipython = ipython
         self.lock = threading.RLock()
         self.cells: dict[str, dict[str, _StreamSpill]] = {}
+        # The cell in flight (msg_id -> its request), kept until its execute_reply went out:
+        # the reply may carry a huge exception too.
+        self.requests: dict[str, _Request] = {}
         self.pid = os.getpid()
         self.streams: dict[str, Any] = {}
 
@@ -196,6 +225,7 @@ class _Spiller:
                     name: _StreamSpill(spill_path(directory, cell, name), after, tail)
                     for name in self.streams
                 }
+                self.requests = {msg_id: _Request(directory, cell, after, tail)}
 
     def post_execute(self) -> None:
         kernel = getattr(self.ipython, "kernel", None)
@@ -219,6 +249,104 @@ class _Spiller:
         msg = stream.session.msg("stream", content, parent=parent)
         stream.session.send(stream.pub_thread, msg, ident=stream.topic)
 
+    def wrap_session(self, session: Any) -> None:
+        """Results and displays are one message each (``session.send`` from the displayhook
+        and the display publisher): a huge ``text/plain`` goes to ``<cell>.<kind>.txt``."""
+        original = session.send
+
+        def send(stream: Any, msg_or_type: Any, content: Any = None, *args: Any, **kw: Any) -> Any:
+            with contextlib.suppress(Exception):
+                if isinstance(msg_or_type, dict):
+                    kind = BLOCK_KINDS.get(msg_or_type["header"]["msg_type"])
+                    if kind is not None:
+                        parent = msg_or_type.get("parent_header") or {}
+                        msg_or_type["content"] = self.spill_block(
+                            kind, parent, msg_or_type["content"]
+                        )
+                elif msg_or_type in BLOCK_KINDS and isinstance(content, dict):
+                    parent = args[0] if args else kw.get("parent")
+                    parent = (parent or {}).get("header", parent) or {}
+                    content = self.spill_block(BLOCK_KINDS[msg_or_type], parent, content)
+                elif msg_or_type in ERROR_TYPES and isinstance(content, dict):
+                    parent = args[0] if args else kw.get("parent")
+                    parent = (parent or {}).get("header", parent) or {}
+                    content = self.spill_error(parent, content)
+                    if msg_or_type == "execute_reply":
+                        self.requests.pop(str(parent.get("msg_id", "")), None)
+            return original(stream, msg_or_type, content, *args, **kw)
+
+        session.send = send
+
+    def spill_error(self, parent: dict[str, Any], content: dict[str, Any]) -> Any:
+        """An exception with a huge message is in the ``error`` message AND the reply: both
+        get a bounded evalue and traceback that name ``<cell>.traceback.txt``."""
+        evalue, traceback = content.get("evalue"), content.get("traceback")
+        request = self.requests.get(str(parent.get("msg_id", "")))
+        if request is None or not isinstance(evalue, str) or not isinstance(traceback, list):
+            return content
+        text = "\n".join(str(line) for line in traceback)
+        if len(evalue) + len(text) <= request.after:
+            return content
+        if not request.traceback:  # the reply repeats what the error message had
+            path = spill_path(request.directory, request.cell, "traceback")
+            try:
+                os.makedirs(request.directory, exist_ok=True)
+                with open(path, "w", encoding=SPILL_FILE_ENCODING, errors=SPILL_FILE_ERRORS) as f:
+                    f.write(text + "\n")
+                size = os.path.getsize(path)
+            except OSError:
+                return content
+            request.traceback = f"the whole traceback ({size} bytes) is in {path}"
+        return {
+            **content,
+            "evalue": _cut(evalue, request.tail, request.traceback),
+            "traceback": [_cut(text, request.tail, request.traceback)],
+        }
+
+    def spill_block(self, kind: str, parent: dict[str, Any], content: dict[str, Any]) -> Any:
+        data = content.get("data")
+        request = self.requests.get(str(parent.get("msg_id", "")))
+        if request is None or not isinstance(data, dict):
+            return content
+        directory, cell, after, tail = request.directory, request.cell, request.after, request.tail
+        big = {k for k, v in data.items() if isinstance(v, str) and len(v) > after}
+        if not big:
+            return content
+        request.counts[kind] = n = request.counts.get(kind, 0) + 1
+        name = kind if n == 1 else f"{kind}-{n}"
+        text = data.get("text/plain")
+        kept = {k: v for k, v in data.items() if k not in big}
+        if not isinstance(text, str) or "text/plain" not in big:
+            return {**content, "data": kept}  # only other forms were huge: dropped
+        path = spill_path(directory, cell, name)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(path, "w", encoding=SPILL_FILE_ENCODING, errors=SPILL_FILE_ERRORS) as fh:
+                fh.write(text)
+            size = os.path.getsize(path)
+        except OSError:
+            return content  # no file: sent as it is, the host bounds (or drops) it
+        head, rest = text[: tail // 2], text[tail // 2 :]
+        end = rest[-(tail - len(head)) :] if tail > len(head) else ""
+        record = {
+            "path": path,
+            "chars": len(text),
+            "bytes": size,
+            "skipped": len(text) - len(head) - len(end),
+            "head": len(head),
+        }
+        kept["text/plain"] = head + end
+        return {**content, "data": kept, SPILL_CONTENT_KEY: record}
+
+
+def _cut(text: str, keep: int, pointer: str) -> str:
+    """At most ``keep`` characters (the host's cap: it keeps them all, pointer included)."""
+    if len(text) <= keep:
+        return text
+    middle = f"\n[... {len(text)} chars cut; {pointer} ...]\n"
+    half = max(0, (keep - len(middle)) // 2)
+    return f"{text[:half]}{middle}{text[len(text) - half :]}"
+
 
 def install(ipython: Any) -> None:
     """Wrap the kernel's stdout/stderr and register the cell hooks (a no-op outside
@@ -229,5 +357,8 @@ def install(ipython: Any) -> None:
     spiller = _Spiller(ipython)
     for name, stream in streams.items():
         spiller.wrap(stream, name)
+    session = getattr(getattr(ipython, "kernel", None), "session", None)
+    if session is not None:
+        spiller.wrap_session(session)
     ipython.events.register("pre_execute", spiller.pre_execute)
     ipython.events.register("post_execute", spiller.post_execute)

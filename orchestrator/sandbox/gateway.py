@@ -153,9 +153,9 @@ class _Pending:
                     collector.spilled(name, spill)
                 collector.add(name, str(content.get("text", "")))
         elif msg_type == "execute_result":
-            collector.add_block("result", _plain_text(content))
+            collector.add_block("result", _plain_text(content), content.get(SPILL_CONTENT_KEY))
         elif msg_type in ("display_data", "update_display_data"):
-            collector.add_block("display", _plain_text(content))
+            collector.add_block("display", _plain_text(content), content.get(SPILL_CONTENT_KEY))
         elif msg_type == "error":
             self.error_seen = True
             collector.set_error(

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from orchestrator.runtime.spill import SPILL_STREAMS
 from orchestrator.sandbox.base import CellError, CellResult, CellStatus
 
 __all__ = [
@@ -201,6 +200,7 @@ class BoundedText:
         self._tail: deque[str] = deque()
         self._tail_len = 0
         self.note = ""  # added to the marker (where the complete stream is)
+        self._head_closed = False  # after a skip: what follows is tail, never head
 
     @property
     def overflowed(self) -> bool:
@@ -210,6 +210,7 @@ class BoundedText:
         """``n`` characters the host never saw come here; what follows is a new tail."""
         self.total += n
         self.note = note
+        self._head_closed = True
         self._tail.clear()
         self._tail_len = 0
 
@@ -218,7 +219,7 @@ class BoundedText:
             return
         self.total += len(text)
         half = self.cap // 2
-        if self._head_len < half:
+        if self._head_len < half and not self._head_closed:
             take = text[: half - self._head_len]
             self._head.append(take)
             self._head_len += len(take)
@@ -278,12 +279,25 @@ class OutputCollector:
     def add(self, stream: StreamName, text: str) -> None:
         self._commit(stream, self._cleaners[stream].feed(text))
 
-    def add_block(self, stream: StreamName, text: str) -> None:
-        """A self-contained piece (a result or display repr): committed with a newline."""
-        cleaned = self._cleaners[stream].feed(text) + self._cleaners[stream].flush()
+    def add_block(self, stream: StreamName, text: str, spill: Any = None) -> None:
+        """A self-contained piece (a result or display repr): committed with a newline.
+
+        ``spill``: the kernel wrote the whole piece to a file and sent head + tail (``text``
+        split after ``spill["head"]`` characters)."""
+        head_len = len(text)
+        if isinstance(spill, Mapping) and isinstance(spill.get("head"), int):
+            head_len = max(0, min(len(text), spill["head"]))
+        cleaner = self._cleaners[stream]
+        cleaned = cleaner.feed(text[:head_len])
+        if head_len == len(text):
+            cleaned += cleaner.flush()
         if self._texts[stream].total and cleaned:
             cleaned = "\n" + cleaned
         self._commit(stream, cleaned)
+        if head_len < len(text) or spill is not None:
+            if isinstance(spill, Mapping):
+                self.spilled(stream, spill)
+            self._commit(stream, cleaner.feed(text[head_len:]) + cleaner.flush())
 
     def set_error(self, ename: str, evalue: str, traceback: list[str]) -> None:
         self._error = (clean_text(ename)[: self.cap_chars], clean_text(evalue))
@@ -303,10 +317,10 @@ class OutputCollector:
     def spilled(self, stream: StreamName, record: Mapping[str, Any]) -> None:
         """The kernel wrote ``stream`` to a file; the text that follows is its tail."""
         spill = StreamSpill.parse(stream, record)
-        if spill is None or stream not in SPILL_STREAMS or stream in self._spills:
+        if spill is None:
             return
         self._commit(stream, self._cleaners[stream].flush())
-        self._spills[stream] = spill
+        self._spills.setdefault(stream, spill)  # several displays: the first is the artifact
         self._texts[stream].skip(spill.skipped, spill.note())
         pointer = truncation_marker(spill.skipped, spill.note()).lstrip("\n")
         if self._log is not None:
@@ -381,7 +395,7 @@ class OutputCollector:
                 with contextlib.suppress(OSError):
                     self.artifact_path.unlink()
                 self._artifact_saved = False
-            spill = self._spills.get("stdout") or next(iter(self._spills.values()))
+            spill = next(self._spills[name] for name in STREAMS if name in self._spills)
             return spill.path, max(0, spill.size_bytes)
         if not self._artifact_saved:
             return None, 0

@@ -209,10 +209,18 @@ async def test_invalid_utf8_control_chars_and_carriage_returns(shared: LocalSand
 async def test_oversized_single_message_is_dropped_with_a_note_on_its_own_cell(
     shared: LocalSandbox,
 ) -> None:
-    # Printed output is spilled by the kernel (test_sandbox_conformance.py); a result repr is
-    # one message. One of 40 MB keeps the gateway busy serializing for longer than the wait
-    # for a cell's idle once used to be, so the note went to the NEXT cell.
-    result = await run(shared, "'z' * 40_000_000", timeout_s=120)
+    # The kernel spills big output itself (test_sandbox_conformance.py), but the host cannot
+    # rely on it: a cell may send a 40 MB message past it. That keeps the gateway serializing
+    # for longer than a cell once waited for its idle, so the note went to the NEXT cell.
+    code = (
+        "import sys\n"
+        "_out = sys.stdout\n"
+        "_msg = _out.session.msg('stream', {'name': 'stdout', 'text': 'z' * 40_000_000},\n"
+        "                        parent=_out.parent_header)\n"
+        "_out.session.send(_out.pub_thread, _msg, ident=_out.topic)\n"
+        "del _msg"
+    )
+    result = await run(shared, code, timeout_s=120)
     assert result.status == "ok"
     assert "was dropped" in result.notice
     follow = await run(shared, "print('still here')")

@@ -161,6 +161,32 @@ async def test_huge_output_goes_to_an_artifact_the_next_cell_can_open(
         await sb.stop()
 
 
+async def test_a_huge_result_and_a_huge_exception_go_to_files_too(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    # One message each (not a stream): 30 MB would be over the host's 16 MiB frame limit.
+    sb = await backend.create(_spec(tmp_path, "huge-blocks"))
+    try:
+        r = await sb.execute("'r' * 30_000_000", timeout_s=120, cell_id="res")
+        assert r.status == "ok" and not r.notice, r.notice
+        assert r.result.startswith("'rrrr") and r.result.endswith("rrrr'") and len(r.result) <= CAP
+        assert r.artifact_path is not None and r.artifact_path.name == "res.result.txt"
+        assert r.artifact_bytes == 30_000_002 and str(r.artifact_path) in r.result
+        e = await sb.execute("raise ValueError('v' * 30_000_000)", timeout_s=120, cell_id="exc")
+        assert e.status == "error" and e.error is not None and not e.notice, e.notice
+        assert e.error.ename == "ValueError" and len(e.error.evalue) <= CAP
+        assert "the whole traceback (" in e.error.evalue and "exc.traceback.txt" in e.error.evalue
+        check = (
+            "import os\n"
+            f"print(os.path.getsize({str(r.artifact_path)!r}),"
+            f" os.path.getsize({str(r.artifact_path.with_name('exc.traceback.txt'))!r}) > 3e7)"
+        )
+        after = await sb.execute(check, timeout_s=60, cell_id="check")
+        assert after.stdout == "30000002 True\n" and not after.notice, after
+    finally:
+        await sb.stop()
+
+
 async def test_timeout_interrupts_and_keeps_the_namespace(
     backend: SandboxBackend, tmp_path: Path
 ) -> None:

@@ -58,3 +58,12 @@ def test_a_file_that_cannot_be_written_falls_back_to_sending(tmp_path: Path) -> 
     spill.write("y" * 3, sent.append)
     assert "".join(sent) == "x" * 30 + "y" * 3  # nothing twice, nothing lost
     assert spill.close() is None
+
+
+def test_a_cut_error_text_fits_the_cap_with_its_pointer() -> None:
+    from orchestrator.runtime.spill import _cut
+
+    cut = _cut("v" * 100_000, 500, "the whole traceback (1 bytes) is in /o/c.traceback.txt")
+    assert len(cut) <= 500 and cut.startswith("vvv") and cut.endswith("vvv")
+    assert "/o/c.traceback.txt" in cut
+    assert _cut("short", 500, "p") == "short"

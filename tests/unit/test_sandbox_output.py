@@ -278,3 +278,15 @@ def test_a_malformed_spill_record_is_ignored(tmp_path: Path) -> None:
     c.spilled("stdout", {"path": "/x", "chars": "many"})
     r = c.result("ok")
     assert r.stdout == "fine\n" and r.artifact_path is None
+
+
+def test_a_spilled_block_is_head_marker_tail(tmp_path: Path) -> None:
+    c = collector(tmp_path, cap=4000)
+    spill_file = tmp_path / "cell-1.result.txt"
+    record = {"path": str(spill_file), "chars": 50_000, "bytes": 50_000, "skipped": 49_000}
+    c.add_block("result", "h" * 500 + "t" * 500, {**record, "head": 500})
+    r = c.result("ok")
+    head, _, tail = r.result.partition("\n[... truncated ")
+    assert head == "h" * 500 and tail.endswith("\n" + "t" * 500)
+    assert f"of result (50000 bytes) are in {spill_file}" in r.result
+    assert r.artifact_path == spill_file and r.artifact_bytes == 50_000
