@@ -33,8 +33,9 @@ def shape_cell_result(result: CellResult) -> str:
     if result.status == "timeout" and not result.notice:
         parts.append("[notice] the cell timed out and was interrupted")
     if result.artifact_path is not None:
+        size = f" ({result.artifact_bytes} bytes)" if result.artifact_bytes else ""
         parts.append(
             f"[output truncated: {result.truncated_chars} chars left out; "
-            f"full output in {result.artifact_path}]"
+            f"full output{size} in {result.artifact_path}]"
         )
     return "\n".join(parts) if parts else NO_OUTPUT

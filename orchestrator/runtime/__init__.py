@@ -9,6 +9,9 @@ What the extension installs:
 - ``%%bash``: the cell body runs in a throwaway ``bash`` in its own process group; its output
   streams into the cell as it arrives; a non-zero exit status is an error; an interrupt kills
   the whole group.
+- Output spilling (``spill.py``): a cell's stdout/stderr past the size the host asks for goes
+  to a file inside the sandbox instead of over the wire; the host is sent head, tail and where
+  the rest is.
 - ``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff; it can
   be called plainly or awaited.
 - ``rlm`` (with ``rlm.harness``), ``agent_message``, ``agent_observe``, ``history``,
@@ -154,6 +157,9 @@ def load_ipython_extension(ipython: Any) -> None:
     for name in COLOR_FORCING_ENV:
         os.environ.pop(name, None)
     os.environ.update(PLAIN_OUTPUT_ENV)
+    from orchestrator.runtime.spill import install as install_spill
+
+    install_spill(ipython)
 
 
 def session_setup(cwd: str, env: Mapping[str, str]) -> int:

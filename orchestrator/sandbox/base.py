@@ -172,6 +172,7 @@ class CellResult:
     duration_ms: float = 0.0
     truncated_chars: int = 0  # total chars left out of the fields above
     artifact_path: Path | None = None  # full, untruncated output (only when something was cut)
+    artifact_bytes: int = 0  # its size
     kernel_restarted: bool = False
     notice: str = ""  # e.g. "cell timed out after 600 s; kernel restarted, namespace lost"
 

@@ -438,9 +438,12 @@ class DockerSandbox(Sandbox):
 
     async def _run_cell(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
         assert self.client is not None
+        # Cell outputs live in the container's own directory, mounted at the same path inside
+        # (docker_run.outputs_dir): the model opens the path it is told from its REPL.
+        root = self.runtime_dir if self.runtime_dir is not None else self.spec.artifacts_dir
         collector = OutputCollector(
             cap_chars=self.backend.output_cap_chars,
-            artifact_path=artifact_path_for(self.spec.artifacts_dir, cell_id),
+            artifact_path=artifact_path_for(root, cell_id),
         )
         started = time.monotonic()
         limit = timeout_s + self.backend.interrupt_grace_s + self.backend.hang_allowance_s

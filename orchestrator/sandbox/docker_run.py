@@ -35,6 +35,7 @@ from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import SANDBOX_UID, container_user
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
 from orchestrator.sandbox.images import image_exists, image_hint
+from orchestrator.sandbox.output import ARTIFACT_SUBDIR
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.docker import DockerSandbox
@@ -53,6 +54,7 @@ __all__ = [
     "SOCKET_DIR_MODE",
     "container_env",
     "nats_target",
+    "outputs_dir",
     "run_container",
     "session_env",
     "skill_mount_point",
@@ -88,6 +90,7 @@ KERNEL_BASE_ENV = {
 }
 SOCKET_DIR_MODE = 0o777  # the container's uid creates gateway.sock here; the parent is 0700
 SNAPSHOT_DIR_MODE = 0o777  # the container's uid writes snapshots here; the parent is 0700
+OUTPUTS_DIR_MODE = 0o777  # the container's uid writes cell outputs here; the parent is 0700
 
 
 def nats_target(env: Mapping[str, str]) -> tuple[str, int] | None:
@@ -98,6 +101,12 @@ def nats_target(env: Mapping[str, str]) -> tuple[str, int] | None:
     if not parts.hostname:
         return None
     return parts.hostname, parts.port or CONTAINER_NATS_PORT
+
+
+def outputs_dir(runtime_dir: Path) -> Path:
+    """The container's cell-output directory on the host (``<runtime dir>/outputs``), mounted
+    at the same path inside: a path in a tool result opens on both sides (docs/sandbox.md)."""
+    return runtime_dir / ARTIFACT_SUBDIR
 
 
 def container_env(spec_env: Mapping[str, str]) -> dict[str, str]:
@@ -180,9 +189,13 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
     workspace = str(spec.cwd)
     mode = backend.workspace_for(spec)
     source = sandbox.workspace_copy.copy_dir if sandbox.workspace_copy is not None else spec.cwd
+    outputs = outputs_dir(socket_dir.parent)
+    outputs.mkdir(exist_ok=True)
+    outputs.chmod(OUTPUTS_DIR_MODE)
     mounts = {
         str(socket_dir): {"bind": CONTAINER_SOCKET_DIR, "mode": "rw"},
         str(source): {"bind": workspace, "mode": "ro" if mode == "ro" else "rw"},
+        str(outputs): {"bind": str(outputs), "mode": "rw"},
     }
     skills = skill_mount_specs(spec.skill_dirs)
     image = backend.image_for(spec)

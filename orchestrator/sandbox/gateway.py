@@ -36,6 +36,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from orchestrator.errors import KernelDied, SandboxError
+from orchestrator.runtime.spill import SPILL_CONTENT_KEY, SPILL_METADATA_KEY
 from orchestrator.sandbox.base import CellResult
 from orchestrator.sandbox.output import OutputCollector
 
@@ -62,8 +63,13 @@ WS_RECONNECT_ATTEMPTS = 3
 WS_CLOSE_TIMEOUT_S = 1.0
 KERNEL_INFO_RESEND_S = 0.2
 IS_ALIVE_TIMEOUT_S = 2.0  # a liveness probe that takes longer is a no
-# After an execute_reply, how long the matching iopub idle may lag before we stop waiting.
+# After an execute_reply, how long the matching iopub idle may lag before we stop waiting: on a
+# socket that was reopened during the cell (the idle may have been lost with the old one), and
+# on the same socket (the cell's last output may still be on its way: a gateway serializing a
+# big message is silent for seconds, and a cell that ends before it arrives would leave it,
+# and its "dropped" note, to the next cell).
 IDLE_AFTER_REPLY_S = 1.0
+IDLE_AFTER_REPLY_CONNECTED_S = 30.0
 KERNEL_READY_TIMEOUT_S = 60.0
 # After a timed-out cell was interrupted, the kernel kills the copies of itself the cell forked
 # (they ignore or outlive the interrupt). The window reaches this far before the cell's start
@@ -119,6 +125,7 @@ class _Pending:
         self.idle = False
         self.error_seen = False
         self.noted = False  # the "message dropped" note was added
+        self.reconnected = False  # the socket was reopened while this request was in flight
         self.gone: str | None = None  # "restarting" / "dead": the kernel went away
         self.wake = asyncio.Event()
 
@@ -141,11 +148,14 @@ class _Pending:
         elif msg_type == "stream":
             name = content.get("name")
             if name in ("stdout", "stderr"):
+                spill = content.get(SPILL_CONTENT_KEY)
+                if isinstance(spill, dict):  # the kernel wrote the rest to a file
+                    collector.spilled(name, spill)
                 collector.add(name, str(content.get("text", "")))
         elif msg_type == "execute_result":
-            collector.add_block("result", _plain_text(content))
+            collector.add_block("result", _plain_text(content), content.get(SPILL_CONTENT_KEY))
         elif msg_type in ("display_data", "update_display_data"):
-            collector.add_block("display", _plain_text(content))
+            collector.add_block("display", _plain_text(content), content.get(SPILL_CONTENT_KEY))
         elif msg_type == "error":
             self.error_seen = True
             collector.set_error(
@@ -208,6 +218,9 @@ class KernelGatewayClient:
         self._abandoned_grace_s = 0.0
         self._disconnected = asyncio.Event()
         self._close_code: int | None = None
+        # The requests in flight when the socket failed on an oversized message: only they
+        # are told that output was dropped (it cannot be older than the request in flight).
+        self._dropped_for: set[str] = set()
         self._own_restart = False
         self._closed = False
 
@@ -300,6 +313,7 @@ class KernelGatewayClient:
         self._ws = ws
         self._disconnected.clear()
         self._close_code = None
+        self._dropped_for = set()
         self._reader = asyncio.get_running_loop().create_task(
             self._read_loop(ws), name=f"kernel-ws-{self.kernel_id[:8]}"
         )
@@ -319,6 +333,12 @@ class KernelGatewayClient:
             # Our side closes with 1009 when a frame exceeds max_size: look at both frames.
             codes = [frame.code for frame in (exc.sent, exc.rcvd) if frame is not None]
             self._close_code = WS_CLOSE_TOO_BIG if WS_CLOSE_TOO_BIG in codes else ws.close_code
+            if self._close_code == WS_CLOSE_TOO_BIG:
+                self._dropped_for = {
+                    waiter.msg_id
+                    for waiter in (self._pending, self._abandoned)
+                    if waiter is not None
+                }
         finally:
             self._disconnected.set()
             for waiter in (self._pending, self._abandoned):
@@ -396,12 +416,14 @@ class KernelGatewayClient:
                 return "done"
             if self._disconnected.is_set():
                 self._note_dropped_message(pending)
+                pending.reconnected = True
                 await self._reconnect()
                 continue
             until = deadline
             if pending.reply is not None and pending.collector is not None:
-                # Reply is in; give the idle status a moment, not the whole cell timeout.
-                until = min(deadline, loop.time() + IDLE_AFTER_REPLY_S - _since(pending.reply_at))
+                # Reply is in; give the idle status a while, not the whole cell timeout.
+                grace = IDLE_AFTER_REPLY_S if pending.reconnected else IDLE_AFTER_REPLY_CONNECTED_S
+                until = min(deadline, loop.time() + grace - _since(pending.reply_at))
             remaining = until - loop.time()
             if remaining <= 0:
                 if pending.reply is None or pending.collector is None:
@@ -417,9 +439,10 @@ class KernelGatewayClient:
                     await pending.wake.wait()
 
     def _note_dropped_message(self, pending: _Pending) -> None:
-        code = self._close_code
+        code = self._close_code if pending.msg_id in self._dropped_for else None
         ws = self._ws
         if ws is not None and ws.protocol.close_sent is not None:
+            # Our side is failing the socket right now, while this request is in flight.
             code = ws.protocol.close_sent.code
         if code == WS_CLOSE_TOO_BIG and pending.collector is not None and not pending.noted:
             pending.noted = True
@@ -503,6 +526,8 @@ class KernelGatewayClient:
             "stop_on_error": True,
         }
         msg = build_message("execute_request", content, session=self.session)
+        # Huge output stays in the sandbox: the kernel writes it to a file (runtime/spill.py).
+        msg["metadata"][SPILL_METADATA_KEY] = collector.spill_request()
         pending = _Pending(msg["header"]["msg_id"], "execute_reply", collector)
         self._pending = pending
 

@@ -10,25 +10,37 @@ The full (cleaned) output is kept only when something was cut: on the first cut 
 opens ``<artifacts_dir>/outputs/<cell_id>.txt``, writes everything seen so far (still in memory
 at that moment, since no stream had exceeded its cap yet) and from then on appends every chunk
 as it arrives.
+
+Huge output never gets here: the collector asks the kernel (``spill_request``, sent in the
+execute_request's metadata) to write a stream past ``SPILL_AFTER_CHARS`` into
+``<outputs>/<cell_id>.<stream>.txt`` inside the sandbox (``orchestrator/runtime/spill.py``)
+and to send only its tail, with a record of the file (``spilled``). The stream's marker then
+names that file and its size; when the spilled streams are all that overflowed, that file is
+the cell's artifact and the collector's own (partial) file is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 from orchestrator.sandbox.base import CellError, CellResult, CellStatus
 
 __all__ = [
     "ARTIFACT_SUBDIR",
+    "SPILL_AFTER_CHARS",
     "STREAMS",
     "BoundedText",
     "OutputCollector",
     "StreamCleaner",
     "StreamName",
+    "StreamSpill",
     "artifact_path_for",
     "clean_text",
     "truncation_marker",
@@ -44,6 +56,9 @@ MAX_PENDING_LINE_CHARS = 16 * 1024
 # on it being one (real sequences are a few dozen chars; OSC titles can be longer).
 MAX_ESCAPE_CARRY_CHARS = 256
 ARTIFACT_STREAM_HEADER = "\n===== {name} =====\n"
+# A stream past this many characters (raw, in one cell) is written to a file by the kernel
+# instead of being sent (orchestrator/runtime/spill.py); at least the cap itself.
+SPILL_AFTER_CHARS = 1024 * 1024
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), DCS/SOS/PM/APC (ESC P|X|^|_ ... ST), and
 # the remaining two-character escapes. 8-bit C1 controls are removed with the other controls.
@@ -70,8 +85,36 @@ _CELL_ID_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]")
 _REPLACEMENT = "\ufffd"
 
 
-def truncation_marker(n: int) -> str:
-    return f"\n[... truncated {n} chars ...]\n"
+def truncation_marker(n: int, note: str = "") -> str:
+    return f"\n[... truncated {n} chars{note} ...]\n"
+
+
+@dataclass(frozen=True)
+class StreamSpill:
+    """A stream the kernel wrote to a file in the sandbox (``runtime/spill.py``'s record)."""
+
+    stream: StreamName
+    path: Path
+    chars: int
+    size_bytes: int
+    skipped: int
+
+    @classmethod
+    def parse(cls, stream: StreamName, record: Mapping[str, Any]) -> StreamSpill | None:
+        try:
+            return cls(
+                stream=stream,
+                path=Path(str(record["path"])),
+                chars=max(0, int(record["chars"])),
+                size_bytes=int(record["bytes"]),
+                skipped=max(0, int(record["skipped"])),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def note(self) -> str:
+        size = f" ({self.size_bytes} bytes)" if self.size_bytes >= 0 else ""
+        return f"; all {self.chars} chars of {self.stream}{size} are in {self.path}"
 
 
 def clean_text(text: str) -> str:
@@ -156,17 +199,27 @@ class BoundedText:
         self._head_len = 0
         self._tail: deque[str] = deque()
         self._tail_len = 0
+        self.note = ""  # added to the marker (where the complete stream is)
+        self._head_closed = False  # after a skip: what follows is tail, never head
 
     @property
     def overflowed(self) -> bool:
         return self.total > self.cap
+
+    def skip(self, n: int, note: str) -> None:
+        """``n`` characters the host never saw come here; what follows is a new tail."""
+        self.total += n
+        self.note = note
+        self._head_closed = True
+        self._tail.clear()
+        self._tail_len = 0
 
     def add(self, text: str) -> None:
         if not text:
             return
         self.total += len(text)
         half = self.cap // 2
-        if self._head_len < half:
+        if self._head_len < half and not self._head_closed:
             take = text[: half - self._head_len]
             self._head.append(take)
             self._head_len += len(take)
@@ -194,12 +247,12 @@ class BoundedText:
         # Fit head + marker + tail into the cap; the marker's length depends on the count.
         cut = self.total - self.cap
         for _ in range(3):
-            room = self.cap - len(truncation_marker(cut))
+            room = max(0, self.cap - len(truncation_marker(cut, self.note)))
             head_len = min(len(head), room // 2)
             tail_len = min(len(tail), room - head_len)
             cut = self.total - head_len - tail_len
         tail_part = tail[len(tail) - tail_len :] if tail_len else ""
-        return head[:head_len] + truncation_marker(cut) + tail_part, cut
+        return head[:head_len] + truncation_marker(cut, self.note) + tail_part, cut
 
 
 class OutputCollector:
@@ -219,23 +272,63 @@ class OutputCollector:
         self._artifact_midline = False  # the file does not end with a newline
         self._error: tuple[str, str] | None = None
         self._notes: list[str] = []
+        self._spills: dict[StreamName, StreamSpill] = {}
 
     # --- input ----------------------------------------------------------------------------
 
     def add(self, stream: StreamName, text: str) -> None:
         self._commit(stream, self._cleaners[stream].feed(text))
 
-    def add_block(self, stream: StreamName, text: str) -> None:
-        """A self-contained piece (a result or display repr): committed with a newline."""
-        cleaned = self._cleaners[stream].feed(text) + self._cleaners[stream].flush()
+    def add_block(self, stream: StreamName, text: str, spill: Any = None) -> None:
+        """A self-contained piece (a result or display repr): committed with a newline.
+
+        ``spill``: the kernel wrote the whole piece to a file and sent head + tail (``text``
+        split after ``spill["head"]`` characters)."""
+        head_len = len(text)
+        if isinstance(spill, Mapping) and isinstance(spill.get("head"), int):
+            head_len = max(0, min(len(text), spill["head"]))
+        cleaner = self._cleaners[stream]
+        cleaned = cleaner.feed(text[:head_len])
+        if head_len == len(text):
+            cleaned += cleaner.flush()
         if self._texts[stream].total and cleaned:
             cleaned = "\n" + cleaned
         self._commit(stream, cleaned)
+        if head_len < len(text) or spill is not None:
+            if isinstance(spill, Mapping):
+                self.spilled(stream, spill)
+            self._commit(stream, cleaner.feed(text[head_len:]) + cleaner.flush())
 
     def set_error(self, ename: str, evalue: str, traceback: list[str]) -> None:
         self._error = (clean_text(ename)[: self.cap_chars], clean_text(evalue))
         for line in traceback:
             self.add_block("traceback", line)
+
+    def spill_request(self) -> dict[str, str | int]:
+        """What the kernel needs to spill this cell's huge streams (execute_request metadata):
+        next to the collector's own artifact, in a directory the kernel can write."""
+        return {
+            "dir": str(self.artifact_path.parent),
+            "cell": self.artifact_path.stem,
+            "after": max(SPILL_AFTER_CHARS, self.cap_chars),
+            "tail": self.cap_chars,
+        }
+
+    def spilled(self, stream: StreamName, record: Mapping[str, Any]) -> None:
+        """The kernel wrote ``stream`` to a file; the text that follows is its tail."""
+        spill = StreamSpill.parse(stream, record)
+        if spill is None:
+            return
+        self._commit(stream, self._cleaners[stream].flush())
+        self._spills.setdefault(stream, spill)  # several displays: the first is the artifact
+        self._texts[stream].skip(spill.skipped, spill.note())
+        pointer = truncation_marker(spill.skipped, spill.note()).lstrip("\n")
+        if self._log is not None:
+            self._log.append((stream, pointer))
+            if self._texts[stream].overflowed:
+                self._open_artifact()
+        else:
+            self._write_artifact(stream, pointer)
 
     def note(self, text: str) -> None:
         """Something the host wants the model to read (e.g. a dropped oversized message)."""
@@ -268,6 +361,7 @@ class OutputCollector:
             truncated += cut
             error = CellError(ename=ename, evalue=evalue_text, traceback=fields["traceback"])
         notice = " ".join(part for part in [notice, *self._notes] if part)
+        artifact, size = self._artifact_for_result()
         return CellResult(
             status=status,
             stdout=fields["stdout"],
@@ -277,7 +371,8 @@ class OutputCollector:
             error=error,
             duration_ms=duration_ms,
             truncated_chars=truncated,
-            artifact_path=self.artifact_path if self._artifact_saved else None,
+            artifact_path=artifact,
+            artifact_bytes=size,
             kernel_restarted=kernel_restarted,
             notice=notice,
         )
@@ -288,6 +383,26 @@ class OutputCollector:
             self._artifact = None
 
     # --- internals ------------------------------------------------------------------------
+
+    def _artifact_for_result(self) -> tuple[Path | None, int]:
+        """The file that holds the cell's complete output, and its size."""
+        own_needed = any(
+            text.overflowed for name, text in self._texts.items() if name not in self._spills
+        )
+        if self._spills and not own_needed:
+            # The kernel's files hold every stream that was cut: ours would be a partial copy.
+            if self._artifact_saved:
+                with contextlib.suppress(OSError):
+                    self.artifact_path.unlink()
+                self._artifact_saved = False
+            spill = next(self._spills[name] for name in STREAMS if name in self._spills)
+            return spill.path, max(0, spill.size_bytes)
+        if not self._artifact_saved:
+            return None, 0
+        try:
+            return self.artifact_path, os.path.getsize(self.artifact_path)
+        except OSError:
+            return self.artifact_path, 0
 
     def _commit(self, stream: StreamName, text: str) -> None:
         if not text:

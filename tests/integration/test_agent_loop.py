@@ -145,6 +145,31 @@ async def test_huge_output_is_bounded_with_the_full_text_in_an_artifact() -> Non
     assert len(srv.requests[1]["messages"][-1]["content"]) < 70_000
 
 
+async def test_100_mb_in_one_line_reaches_the_model_as_head_tail_and_an_artifact() -> None:
+    # R10: the kernel writes it to a file; the tool result names the file and its size, the
+    # model's next request carries that, and the next cell's result holds nothing of it.
+    script = """
+    code: import sys; sys.stdout.write('x' * 100_000_000)
+    ---
+    when re "100000000 bytes[)] are in /[^ ]+[.]stdout[.]txt":
+        code: print('next cell')
+    when re ".":
+        text: the artifact was not named
+    ---
+    text: done
+    """
+    result, events, srv = await _run(script)
+    assert result.outcome.final_text == "done", events
+    first, second = (p for t, p in events if t == "tool_result")
+    artifact = Path(first["artifact"])
+    assert artifact.name.endswith(".stdout.txt") and artifact.stat().st_size == 100_000_000
+    assert len(first["text"]) < 70_000 and first["text"].startswith("x" * 1000)
+    assert f"full output (100000000 bytes) in {artifact}" in first["text"]
+    seen = srv.requests[1]["messages"][-1]["content"]
+    assert str(artifact) in seen and len(seen) < 70_000
+    assert second["text"] == "next cell" and second["artifact"] is None
+
+
 async def test_unknown_tool_name_is_an_error_result() -> None:
     script = """
     call shell: {"cmd": "ls"}

@@ -106,6 +106,87 @@ async def test_output_is_bounded_with_an_artifact(backend: SandboxBackend, tmp_p
         await sb.stop()
 
 
+# R10, "output is never lost": 100 MB from one cell, as one line (one write) and as a million
+# lines (a thousand writes). The kernel writes it to a file inside the sandbox; the model gets
+# head and tail with the file's path and size, and the next cell opens that file.
+HUGE_CHARS = 100_000_000
+HUGE_CELLS = {
+    "one-line": "import sys\nsys.stdout.write('x' * 100_000_000)",
+    "many-lines": (
+        "import sys\n"
+        "_block = ''.join(f'{i:09d}' + 'y' * 90 + '\\n' for i in range(1000))\n"
+        "for _ in range(1000):\n"
+        "    sys.stdout.write(_block)"
+    ),
+}
+# What the file must hold, rebuilt in the kernel: size and digest of the exact text.
+HUGE_EXPECTED = {
+    "one-line": "'x' * 100_000_000",
+    "many-lines": "''.join(f'{i:09d}' + 'y' * 90 + '\\n' for i in range(1000)) * 1000",
+}
+_CHECK_ARTIFACT = """
+import hashlib, os
+_data = open({path!r}, 'rb').read()
+_want = ({expected}).encode()
+print(os.path.getsize({path!r}), len(_data) == len(_want), hashlib.sha256(_data).digest() == \
+    hashlib.sha256(_want).digest())
+del _data, _want
+"""
+
+
+@pytest.mark.parametrize("shape", sorted(HUGE_CELLS))
+async def test_huge_output_goes_to_an_artifact_the_next_cell_can_open(
+    backend: SandboxBackend, tmp_path: Path, shape: str
+) -> None:
+    sb = await backend.create(_spec(tmp_path, f"huge-{shape}"))
+    try:
+        r = await sb.execute(HUGE_CELLS[shape], timeout_s=120, cell_id="huge")
+        assert r.status == "ok" and not r.notice, r.notice
+        assert r.artifact_path is not None and r.artifact_bytes == HUGE_CHARS
+        # head and tail inline, the marker between them names the file and its size
+        assert len(r.stdout) <= CAP and r.truncated_chars > HUGE_CHARS - CAP
+        first = "x" * 100 if shape == "one-line" else "000000000" + "y" * 90 + "\n"
+        last = "x" * 100 if shape == "one-line" else "000000999" + "y" * 90 + "\n"
+        assert r.stdout.startswith(first) and r.stdout.endswith(last)
+        assert f"all {HUGE_CHARS} chars of stdout ({HUGE_CHARS} bytes) are in" in r.stdout
+        assert str(r.artifact_path) in r.stdout
+        # the path is the sandbox's: the next cell opens it and finds exactly the output
+        check = _CHECK_ARTIFACT.format(path=str(r.artifact_path), expected=HUGE_EXPECTED[shape])
+        after = await sb.execute(check, timeout_s=120, cell_id="check")
+        assert after.status == "ok", after
+        # nothing of the huge cell crosses into the next one
+        assert after.stdout == f"{HUGE_CHARS} True True\n"
+        assert not after.notice and after.artifact_path is None and not after.truncated_chars
+    finally:
+        await sb.stop()
+
+
+async def test_a_huge_result_and_a_huge_exception_go_to_files_too(
+    backend: SandboxBackend, tmp_path: Path
+) -> None:
+    # One message each (not a stream): 30 MB would be over the host's 16 MiB frame limit.
+    sb = await backend.create(_spec(tmp_path, "huge-blocks"))
+    try:
+        r = await sb.execute("'r' * 30_000_000", timeout_s=120, cell_id="res")
+        assert r.status == "ok" and not r.notice, r.notice
+        assert r.result.startswith("'rrrr") and r.result.endswith("rrrr'") and len(r.result) <= CAP
+        assert r.artifact_path is not None and r.artifact_path.name == "res.result.txt"
+        assert r.artifact_bytes == 30_000_002 and str(r.artifact_path) in r.result
+        e = await sb.execute("raise ValueError('v' * 30_000_000)", timeout_s=120, cell_id="exc")
+        assert e.status == "error" and e.error is not None and not e.notice, e.notice
+        assert e.error.ename == "ValueError" and len(e.error.evalue) <= CAP
+        assert "the whole traceback (" in e.error.evalue and "exc.traceback.txt" in e.error.evalue
+        check = (
+            "import os\n"
+            f"print(os.path.getsize({str(r.artifact_path)!r}),"
+            f" os.path.getsize({str(r.artifact_path.with_name('exc.traceback.txt'))!r}) > 3e7)"
+        )
+        after = await sb.execute(check, timeout_s=60, cell_id="check")
+        assert after.stdout == "30000002 True\n" and not after.notice, after
+    finally:
+        await sb.stop()
+
+
 async def test_timeout_interrupts_and_keeps_the_namespace(
     backend: SandboxBackend, tmp_path: Path
 ) -> None:

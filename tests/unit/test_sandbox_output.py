@@ -222,3 +222,71 @@ def test_artifact_path_is_confined(tmp_path: Path, cell_id: str, name: str) -> N
     path = artifact_path_for(tmp_path, cell_id)
     assert path.parent == tmp_path / ARTIFACT_SUBDIR
     assert path.name == name
+
+
+# --- streams the kernel spilled to a file (orchestrator/runtime/spill.py) --------------------
+
+
+def _spill_record(path: Path, chars: int, skipped: int) -> dict[str, object]:
+    return {"path": str(path), "chars": chars, "bytes": chars, "skipped": skipped}
+
+
+def test_collector_asks_the_kernel_to_spill_next_to_its_artifact(tmp_path: Path) -> None:
+    c = collector(tmp_path)
+    request = c.spill_request()
+    assert request["dir"] == str(tmp_path / ARTIFACT_SUBDIR) and request["cell"] == "cell-1"
+    assert request["tail"] == CAP and int(request["after"]) >= CAP
+
+
+def test_a_spilled_stream_names_its_file_and_the_file_is_the_artifact(tmp_path: Path) -> None:
+    c = collector(tmp_path)
+    spill_file = tmp_path / ARTIFACT_SUBDIR / "cell-1.stdout.txt"
+    spill_file.parent.mkdir(parents=True)
+    spill_file.write_text("h" * 5000 + "m" * 90_000 + "t" * 5000)
+    c.add("stdout", "h" * 5000)  # the head the kernel sent
+    c.spilled("stdout", _spill_record(spill_file, 100_000, 90_000 + 5000 - CAP))
+    c.add("stdout", "t" * CAP)  # the tail it sent with the record
+    c.add("stderr", "small\n")
+    r = c.result("ok")
+    assert r.stdout.startswith("h" * 100) and r.stdout.endswith("t" * 100)
+    assert len(r.stdout) <= CAP + 200  # the marker carries the path
+    assert f"all 100000 chars of stdout (100000 bytes) are in {spill_file}" in r.stdout
+    assert r.stderr == "small\n"
+    assert r.artifact_path == spill_file and r.artifact_bytes == 100_000
+    assert r.truncated_chars >= 100_000 - CAP - 200
+    # the collector's own file would only be a partial copy: it is gone
+    assert not artifact_path_for(tmp_path, "cell-1").exists()
+
+
+def test_own_artifact_kept_when_another_stream_overflowed_too(tmp_path: Path) -> None:
+    c = collector(tmp_path)
+    spill_file = tmp_path / "cell-1.stdout.txt"
+    c.add("stdout", "h" * 2000)
+    c.spilled("stdout", _spill_record(spill_file, 50_000, 47_000))
+    c.add("stdout", "t" * CAP)
+    c.add("stderr", "e" * 3000)  # cut by the host, not spilled
+    r = c.result("ok")
+    own = artifact_path_for(tmp_path, "cell-1")
+    assert r.artifact_path == own and r.artifact_bytes == own.stat().st_size
+    text = own.read_text()
+    assert "e" * 3000 in text and f"are in {spill_file}" in text  # points at the spill
+
+
+def test_a_malformed_spill_record_is_ignored(tmp_path: Path) -> None:
+    c = collector(tmp_path)
+    c.add("stdout", "fine\n")
+    c.spilled("stdout", {"path": "/x", "chars": "many"})
+    r = c.result("ok")
+    assert r.stdout == "fine\n" and r.artifact_path is None
+
+
+def test_a_spilled_block_is_head_marker_tail(tmp_path: Path) -> None:
+    c = collector(tmp_path, cap=4000)
+    spill_file = tmp_path / "cell-1.result.txt"
+    record = {"path": str(spill_file), "chars": 50_000, "bytes": 50_000, "skipped": 49_000}
+    c.add_block("result", "h" * 500 + "t" * 500, {**record, "head": 500})
+    r = c.result("ok")
+    head, _, tail = r.result.partition("\n[... truncated ")
+    assert head == "h" * 500 and tail.endswith("\n" + "t" * 500)
+    assert f"of result (50000 bytes) are in {spill_file}" in r.result
+    assert r.artifact_path == spill_file and r.artifact_bytes == 50_000
