@@ -31,7 +31,7 @@ from orchestrator.ids import new_session_id
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sandbox.local import LocalBackend
-from orchestrator.sessions.manager import Orchestrator
+from orchestrator.sessions.manager import Orchestrator, SessionNotLoadable
 from orchestrator.settings import Settings
 from orchestrator.store.db import SessionRecord, Store
 from orchestrator.testing import FakeModelServer
@@ -326,3 +326,108 @@ async def test_a_row_from_before_0007_loads_and_keeps_its_endpoint_from_then_on(
     assert row is not None and row.model_spec is not None and row.sandbox_policy is not None
     assert row.model_spec.api_base == url  # pinned: a later load no longer drifts
     assert row.sandbox_policy.backend == "local"
+
+
+def _docker_image() -> None:
+    from tests.integration.test_sandbox_conformance import docker_ready
+
+    why = docker_ready()
+    if why is not None:
+        pytest.skip(f"docker: {why}")
+
+
+def test_a_docker_sessions_network_and_limits_survive_a_daemon_restart(
+    servers: tuple[FakeModelServer, FakeModelServer], daemons: None, tmp_path: Path
+) -> None:
+    from orchestrator.sandbox.docker import list_owned, remove_containers
+    from orchestrator.sandbox.images import docker_client
+    from tests.integration.test_sandbox_conformance import workspace
+
+    _docker_image()
+    a, _b = servers
+    project = workspace(tmp_path / "ws")
+    model = f'[models."openai/fake"]\napi_base = "{a.url}"\n'
+    limits = "[sandbox]\nmemory_mib = 768\ncpus = 1.25\npids_limit = 222\n"
+    write_config(BASE_CONFIG + model + limits)
+    # Created in process with outside network and its own limits (the daemon never grants
+    # network itself), then resumed by a daemon whose config has the defaults.
+    first = cli(
+        ["-p", "hello", "--mode", "json", "--no-daemon", "--backend", "docker", "--network"],
+        cwd=project,
+    )
+    sid = _created(first)
+    write_config(BASE_CONFIG.replace(str(IDLE_UNLOAD_S), "600") + model)
+    _start_daemon()
+    try:
+
+        async def located() -> None:
+            client = await ControlClient.connect()
+            try:
+                sent = await client.call("prompt", session=sid, text="where")
+                assert sent["status"] == "delivered"
+
+                async def done() -> bool:
+                    found = await client.call("get_session", session=sid, recent=5)
+                    return any(
+                        e["type"] == "assistant_message" and e["payload"]["text"] == "located"
+                        for e in found["events"]
+                    )
+
+                await _poll("the cell in the new container", done)
+            finally:
+                await client.close()
+
+        asyncio.run(located())
+        (container,) = [c for c in list_owned() if c.session_id == sid]
+        host = docker_client().containers.get(container.id).attrs["HostConfig"]
+        assert host["NetworkMode"] == "bridge"  # the session's --network, not the daemon's none
+        assert host["Memory"] == 768 * 1024 * 1024
+        assert host["NanoCpus"] == int(1.25 * 1e9)
+        assert host["PidsLimit"] == 222
+    finally:
+        shutdown = cli(["shutdown"])
+        assert shutdown.returncode == 0, shutdown.stderr
+        remove_containers([c.id for c in list_owned() if c.session_id == sid])
+
+
+async def test_a_stored_spec_that_cannot_be_read_refuses_the_load() -> None:
+    """A damaged row is not run against whatever endpoint this process would pick."""
+    paths = Paths.from_env()
+    settings = Settings()
+
+    async def resolve(selector: str) -> ResolvedModel:
+        raise AssertionError(f"a damaged row must not be resolved anew ({selector})")
+
+    async with await Store.open(paths.database_file) as store:
+        sid = new_session_id()
+        await store.create_session(
+            SessionRecord(
+                id=sid,
+                root_id=sid,
+                cwd=str(paths.database_file.parent),
+                model="openai/fake",
+                backend="local",
+                status="inactive",
+            )
+        )
+        await store.transaction(
+            lambda con: con.execute(
+                "UPDATE sessions SET model_spec = $1 WHERE id = $2",
+                ['{"selector": "openai/fake", "api_base": 7}', sid],
+            )
+        )
+        row = await store.get_session(sid)
+        assert row is not None and row.model_spec is None
+        assert row.spec_problem is not None and "model_spec" in row.spec_problem
+        orch = Orchestrator(
+            store=store,
+            backend=LocalBackend(pool_size=0),
+            settings=settings,
+            paths=paths,
+            resolve=resolve,
+        )
+        try:
+            with pytest.raises(SessionNotLoadable, match="stored model_spec cannot be read"):
+                await orch.load_session_id(sid)
+        finally:
+            await orch.close()
