@@ -352,7 +352,10 @@ def test_a_docker_sessions_network_and_limits_survive_a_daemon_restart(
     # Created in process with outside network and its own limits (the daemon never grants
     # network itself), then resumed by a daemon whose config has the defaults.
     first = cli(
-        ["-p", "hello", "--mode", "json", "--no-daemon", "--backend", "docker", "--network"],
+        [
+            *("-p", "hello", "--mode", "json", "--model", "openai/fake"),
+            *("--no-daemon", "--backend", "docker", "--network"),
+        ],
         cwd=project,
     )
     sid = _created(first)
@@ -373,7 +376,12 @@ def test_a_docker_sessions_network_and_limits_survive_a_daemon_restart(
                         for e in found["events"]
                     )
 
-                await _poll("the cell in the new container", done)
+                try:
+                    await _poll("the cell in the new container", done)
+                except AssertionError:
+                    found = await client.call("get_session", session=sid, recent=8)
+                    print("EVENTS", found["events"], "A", _last_texts(a))
+                    raise
             finally:
                 await client.close()
 
@@ -385,6 +393,8 @@ def test_a_docker_sessions_network_and_limits_survive_a_daemon_restart(
         assert host["NanoCpus"] == int(1.25 * 1e9)
         assert host["PidsLimit"] == 222
     finally:
+        log = Paths.from_env().runtime_dir / "daemon.log"
+        print(log.read_text()[-6000:] if log.exists() else "no daemon log")
         shutdown = cli(["shutdown"])
         assert shutdown.returncode == 0, shutdown.stderr
         remove_containers([c.id for c in list_owned() if c.session_id == sid])
