@@ -215,11 +215,18 @@ class AgentLoop:
 
     async def switch_model(self, model: ResolvedModel) -> None:
         """Use ``model`` from the next model call on; recorded as a ``model_change`` event."""
-        previous = self.client.model.selector
+        before = self.client.model
         self.client = ModelClient(model, self.settings)
         self._fenced = model.tool_protocol == "fenced"
         await self._append(
-            "model_change", ModelChangePayload(model=model.selector, previous=previous)
+            "model_change",
+            ModelChangePayload(
+                model=model.selector,
+                previous=before.selector,
+                # The endpoint is part of the switch (the embedded model's is per start).
+                api_base=None if model.embedded else model.api_base,
+                previous_api_base=None if before.embedded else before.api_base,
+            ),
         )
 
     @contextlib.asynccontextmanager

@@ -5,6 +5,10 @@ through the daemon, and prints like print mode (the answer, or ``--mode json`` e
 print mode's exit codes. Without one it attaches (``prime-agent attach``). ``--continue`` picks
 the root session of the current directory (``--cwd``) that was active last. Both need the
 daemon and start it unless autostart is off.
+
+A resumed session talks to the endpoint it stored (docs/models.md), whatever ``OPENAI_BASE_URL``
+the daemon was started with. ``--model``/``--api-base`` with a task switch it explicitly first
+(``set_model``: a ``model_change`` event naming both endpoints), then run the task.
 """
 
 from __future__ import annotations
@@ -40,8 +44,12 @@ def resume_session(request: ResumeRequest) -> int:
         raise UserError("--resume and --continue exclude each other; give one")
     if request.selector is not None and not request.selector.strip():
         raise UserError("--resume needs a session id or name (prime-agent agents lists them)")
-    if request.model is not None or request.api_base is not None:
-        raise UserError("--model/--api-base: a resumed session keeps its model")
+    switching = request.model is not None or request.api_base is not None
+    if switching and not request.text:
+        raise UserError(
+            "--model/--api-base switch a resumed session's model for a task: give one "
+            '(-p "…"), or use /model once attached'
+        )
     if request.no_daemon:
         raise UserError("--resume and --continue run through the daemon; drop --no-daemon")
     workdir = (request.cwd or Path.cwd()).expanduser()
@@ -84,6 +92,8 @@ def _follow_up(request: ResumeRequest, cwd: Path) -> int:
             cwd=cwd,
             json_mode=request.json_mode,
             wait_timeout_s=settings.family_wait_timeout_s,
+            model=request.model,
+            api_base=request.api_base,
             abort=abort,
         )
     )

@@ -117,13 +117,30 @@ async def continue_via_daemon(
     cwd: Path,
     json_mode: bool,
     wait_timeout_s: float,
+    model: str | None = None,
+    api_base: str | None = None,
     abort: asyncio.Event | None = None,
 ) -> int:
-    """``--resume SELECTOR`` (or ``--continue``: ``selector`` None) with a task."""
+    """``--resume SELECTOR`` (or ``--continue``: ``selector`` None) with a task; with
+    ``model``/``api_base`` the session switches to them first (an explicit, recorded switch)."""
     async with DaemonLink() as link:
         sid = selector or await latest_root(link, cwd)
         found: dict[str, Any] = await link.call("get_session", session=sid, recent=1)
         row = found["session"]
+        was_live = bool(row.get("live"))  # a switch loads it: release what this run woke
+        if model is not None or api_base is not None:
+            fields: dict[str, Any] = {"session": str(row["id"]), "model": model or row["model"]}
+            if api_base is not None:
+                fields["api_base"] = api_base
+            try:
+                switched = await link.mutate("set_model", **fields)
+            except UserError as exc:
+                print(f"prime-agent: error: {exc}", file=sys.stderr)
+                return EXIT_USAGE
+            where = switched.get("api_base") or "its provider's endpoint"
+            print(f"prime-agent: switched to {switched['model']} at {where}", file=sys.stderr)
+            found = await link.call("get_session", session=str(row["id"]), recent=1)
+            row = found["session"]
         return await _run(
             link,
             str(row["id"]),
@@ -131,7 +148,7 @@ async def continue_via_daemon(
             json_mode=json_mode,
             wait_timeout_s=wait_timeout_s,
             # Unload afterwards only what this run woke: another client may be using it.
-            release=not row.get("live"),
+            release=not was_live,
             cursor=int(found.get("cursor") or 0),
             follow_up=text,
             abort=abort,

@@ -1,10 +1,12 @@
 """The daemon's answers to ``set_model`` and the Continual Harness commands (``refine``,
 ``refine_rollback``, ``harness_log``, ``harness_list``, ``harness_edit``; docs/harness.md).
 
-``set_model`` switches a session's model between turns: a ``model_change`` event on its path
-(context assembly applies it from there, docs/tree.md) and the session row's model, which is
-what a later wake resolves. While the session is in a turn it is refused (``busy``): a switch
-in the middle of a turn's steps would make one turn talk to two models.
+``set_model`` switches a session's model (or only its endpoint) between turns: a
+``model_change`` event on its path naming both endpoints (context assembly applies it from
+there, docs/tree.md) and the session row's model and stored spec, which is what a later wake
+resolves. Naming the session's own model without an endpoint keeps its endpoint. While the
+session is in a turn it is refused (``busy``): a switch in the middle of a turn's steps would
+make one turn talk to two models.
 
 The harness commands are the user's and the TUI's door to the same store the kernel's
 ``rlm.harness`` writes (source ``user`` instead of ``agent``) and to the session's
@@ -39,7 +41,7 @@ from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.harness.outcome import outcome_line
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import resolve_model
+from orchestrator.models.registry import switched_model
 from orchestrator.sessions.compaction import change_model
 from orchestrator.sessions.live import LiveSession
 from orchestrator.store import harness as harness_store
@@ -83,7 +85,10 @@ async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel)
     previous = live.model.selector
     try:
         await ensure_litellm()
-        model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
+        # The session's own endpoint stays unless the switch names another (or another model).
+        model = switched_model(
+            live.record.model_spec, command.model, command.api_base, daemon.settings
+        )
         model = await daemon.endpoint_for(model)
     except UserError as exc:
         raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
@@ -91,7 +96,12 @@ async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel)
         await change_model(daemon.store, live, model)
     except ValueError as exc:
         raise ApiCommandError(E_BUSY, str(exc)) from None
-    return {"session": live.id, "model": model.selector, "previous": previous}
+    return {
+        "session": live.id,
+        "model": model.selector,
+        "previous": previous,
+        "api_base": None if model.embedded else model.api_base,
+    }
 
 
 async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> JsonObject:

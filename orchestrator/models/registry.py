@@ -6,6 +6,10 @@ Rules (docs/models.md):
 - otherwise ``provider/name`` goes to litellm; ``--api-base`` (or ``OPENAI_BASE_URL`` for the
   ``openai`` provider) points it at any OpenAI-compatible server, for which a key is optional.
 Keys are read from the environment here, once, and never logged or passed to a sandbox.
+
+A session stores what its model resolved to (``stored_model``: the endpoint, the *name* of the
+key's variable, window, prices) and is woken with ``resolve_stored``, which uses the stored
+endpoint and nothing of the waking process's ``OPENAI_BASE_URL`` or config.
 """
 
 from __future__ import annotations
@@ -15,15 +19,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from orchestrator.errors import MissingCredentials, ModelNotFound
+from orchestrator.errors import MissingCredentials, ModelNotFound, UserError
 from orchestrator.settings import (
     EMBEDDED_MODEL_NAME,
     MAX_OUTPUT_TOKENS,
     ModelConfig,
     Settings,
 )
+from orchestrator.store.session_specs import StoredModel, StoredPrices
 
-__all__ = ["DUMMY_API_KEY", "Prices", "ResolvedModel", "resolve_model"]
+__all__ = [
+    "DUMMY_API_KEY",
+    "Prices",
+    "ResolvedModel",
+    "resolve_model",
+    "resolve_stored",
+    "stored_model",
+    "switched_model",
+]
 
 # OpenAI-compatible local servers (vLLM, llama.cpp, Ollama) accept any key; the client needs one.
 DUMMY_API_KEY = "sk-no-key-required"
@@ -70,6 +83,8 @@ class ResolvedModel:
     tool_protocol: Literal["native", "fenced"]
     prices: Prices | None  # from config; None = ask litellm's bundled map at cost time
     embedded: bool = False
+    # The variable ``api_key`` was read from (stored with the session; the key never is).
+    api_key_env: str | None = None
 
     def with_endpoint(self, api_base: str, litellm_model: str, api_key: str) -> ResolvedModel:
         """The embedded model learns its endpoint (and per-start key) once its server runs."""
@@ -151,7 +166,9 @@ def resolve_model(
         base = env.get("OPENAI_BASE_URL") or None
 
     key: str | None = None
+    key_env: str | None = None
     if cfg is not None and cfg.api_key_env:
+        key_env = cfg.api_key_env
         key = env.get(cfg.api_key_env) or None
         if key is None:
             raise MissingCredentials(
@@ -159,6 +176,7 @@ def resolve_model(
             )
     elif provider in _KEY_VARS:
         key = env.get(_KEY_VARS[provider]) or None
+        key_env = _KEY_VARS[provider] if key is not None else None
     if key is None:
         if base is not None or provider in _KEYLESS:
             key = DUMMY_API_KEY
@@ -190,4 +208,93 @@ def resolve_model(
         max_output_tokens=cfg.max_output_tokens if cfg else MAX_OUTPUT_TOKENS,
         tool_protocol=cfg.tool_protocol if cfg else "native",
         prices=_prices(cfg) if cfg else None,
+        api_key_env=key_env,
     )
+
+
+def stored_model(model: ResolvedModel) -> StoredModel:
+    """What a session keeps of ``model``: everything but the key (its variable's name)."""
+    prices = model.prices
+    return StoredModel(
+        selector=model.selector,
+        provider=model.provider,
+        name=model.name,
+        # The embedded model's endpoint is one daemon start's: found again at load.
+        api_base=None if model.embedded else model.api_base,
+        api_key_env=None if model.embedded else model.api_key_env,
+        context_window=model.context_window,
+        max_output_tokens=model.max_output_tokens,
+        tool_protocol=model.tool_protocol,
+        prices=None
+        if prices is None
+        else StoredPrices(
+            input=prices.input,
+            output=prices.output,
+            cache_read=prices.cache_read,
+            cache_write=prices.cache_write,
+        ),
+        embedded=model.embedded,
+    )
+
+
+def resolve_stored(
+    spec: StoredModel,
+    settings: Settings,
+    *,
+    env: Mapping[str, str] | None = None,
+    session: str = "",
+) -> ResolvedModel:
+    """The model a session stored, usable again: its endpoint, window and prices as stored,
+    its key read from the variable it names. Nothing comes from this process's
+    ``OPENAI_BASE_URL`` or config: a daemon started elsewhere must not redirect (and hand the
+    key to) another endpoint. A variable that is gone is a one-line ``MissingCredentials``."""
+    env = os.environ if env is None else env
+    if spec.embedded:
+        return _embedded(settings)
+    whose = f"session {session}" if session else "the session"
+    key: str | None = None
+    if spec.api_key_env is not None:
+        key = env.get(spec.api_key_env) or None
+        if key is None:
+            raise MissingCredentials(
+                f"{spec.api_key_env} is not set: {whose} reads the key of {spec.selector} "
+                f"({spec.api_base or 'its provider'}) from it; export it, or switch the "
+                "session's model (/model, or --resume with --model/--api-base)"
+            )
+    elif spec.api_base is not None or spec.provider in _KEYLESS:
+        key = DUMMY_API_KEY  # created against a server that needed no key: none is sent now
+    prices = spec.prices
+    return ResolvedModel(
+        selector=spec.selector,
+        provider=spec.provider,
+        name=spec.name,
+        litellm_model=spec.selector,
+        api_base=spec.api_base,
+        api_key=key,
+        context_window=spec.context_window,
+        max_output_tokens=spec.max_output_tokens,
+        tool_protocol=spec.tool_protocol,
+        prices=None
+        if prices is None
+        else Prices(prices.input, prices.output, prices.cache_read, prices.cache_write),
+        api_key_env=spec.api_key_env,
+    )
+
+
+def switched_model(
+    current: StoredModel | None,
+    selector: str | None,
+    api_base: str | None,
+    settings: Settings,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> ResolvedModel:
+    """An explicit switch (``set_model``, ``--resume`` with ``--model``/``--api-base``): the
+    named model, else the session's own; the named endpoint, else the session's own when the
+    model stays the same (naming only a model resolves it like a new session's)."""
+    chosen = (selector or "").strip() or (current.selector if current else "")
+    if not chosen:
+        raise UserError("name the model to switch to (provider/name)")
+    same = current is not None and chosen == current.selector
+    base = api_base or (current.api_base if same and current is not None else None)
+    return resolve_model(chosen, settings, api_base=base, env=env)

@@ -89,6 +89,7 @@ class SandboxSpec:
     image: str | None = None  # "session", "rust", "cuda" or an image tag (docker only)
     workspace: WorkspaceMode | None = None
     limits: ResourceLimits | None = None
+    network: bool | None = None  # outside network (docker: bridge instead of none)
     # Host directory for the session's namespace snapshots (docs/snapshots.md); None = no
     # snapshots. A local kernel uses it as it is; a docker container has it mounted at a fixed
     # path (``Sandbox.kernel_snapshot_dir``).

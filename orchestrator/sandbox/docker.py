@@ -641,6 +641,9 @@ class DockerBackend(SandboxBackend):
         default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
         return spec.limits.over(default) if spec.limits is not None else default
 
+    def network_for(self, spec: SandboxSpec) -> bool:
+        return self.network if spec.network is None else spec.network
+
     def _pool_key(self, spec: SandboxSpec) -> tuple[Path, Path | None]:
         """(workspace, snapshots root) of the pool that fits ``spec``: a spec without snapshots
         takes a container of any pool for its workspace (its slot is then dropped)."""
@@ -659,6 +662,7 @@ class DockerBackend(SandboxBackend):
             and self.image_for(spec) == self.image
             and self.workspace_for(spec) == self.workspace_mode != "copy"
             and self.limits_for(spec) == default
+            and self.network_for(spec) == self.network
             and spec.skill_dirs == self._pool_skills  # mounts are fixed at creation
         )
 

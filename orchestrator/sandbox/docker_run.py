@@ -237,7 +237,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
             environment={TOKEN_ENV: sandbox.token, "LANG": "C.UTF-8", "HOME": CONTAINER_HOME},
             user=f"{uid}:{gid}",
             working_dir=workspace,
-            network_mode="bridge" if backend.network else "none",
+            network_mode="bridge" if backend.network_for(spec) else "none",
             mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_bytes,  # no swap: an OOM is an OOM
             nano_cpus=int(limits.cpus * NANO_CPUS_PER_CPU),

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Final, Literal
 
 from orchestrator.agent.compaction import CompactionFailed, NothingToCompact
-from orchestrator.models.registry import ResolvedModel
+from orchestrator.models.registry import ResolvedModel, stored_model
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.sessions.live import LiveSession
 from orchestrator.store.db import Store
@@ -66,11 +66,14 @@ async def compact_session(
 
 async def change_model(store: Store, live: LiveSession, model: ResolvedModel) -> None:
     """Switch the session to ``model`` from its next model call on: a ``model_change`` event
-    on its path (context assembly applies it from there) and the session row's model (what a
-    reload resolves). Between turns only (``ValueError`` while a turn runs)."""
+    on its path (context assembly applies it from there, naming the endpoint too) and the
+    session row's model and stored spec (what a reload resolves). Between turns only
+    (``ValueError`` while a turn runs)."""
     loop = live.loop
     if loop is None or loop.busy:
         raise ValueError(f"session {live.id} is not loaded or is in a turn")
     await loop.switch_model(model)
     live.model = model
-    live.record = await store.update_session(live.id, model=model.selector)
+    live.record = await store.update_session(
+        live.id, model=model.selector, model_spec=stored_model(model)
+    )

@@ -26,7 +26,12 @@ from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
 from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
-from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.models.registry import (
+    ResolvedModel,
+    resolve_model,
+    resolve_stored,
+    stored_model,
+)
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
@@ -36,6 +41,7 @@ from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
 from orchestrator.sessions.post_turn import after_turn
 from orchestrator.sessions.prompting import PromptBuilder
+from orchestrator.sessions.sandbox_policy import apply_policy, policy_for
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE, AdoptedSandboxes
 from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.sessions.session_target import SessionTarget
@@ -88,7 +94,8 @@ RESTART_ABORT_REASON: Final = "orchestrator_restart"
 ACK_DRAIN_TIMEOUT_S: Final = 5.0
 
 ModelResolver = Callable[[str], Awaitable[ResolvedModel]]
-"""Turns a stored model selector into a usable model (the daemon adds the embedded endpoint)."""
+"""Turns a model selector into a usable model (the daemon adds the embedded endpoint): the
+embedded model of a stored session, and sessions stored before their endpoint was (0007)."""
 
 
 class FamilyTimeout(PrimeAgentError):
@@ -189,6 +196,15 @@ class Orchestrator:
         if backend not in self.backends:
             raise UserError(f"the {backend} backend is not available here")
         session_id = session_id or new_session_id()
+        # The sandbox policy and the model endpoint belong to the session from now on: every
+        # later start, wake or adoption uses these, not the loading process's config.
+        policy = (
+            parent.record.sandbox_policy
+            if parent is not None and parent.record.sandbox_policy is not None
+            else policy_for(self.backends[backend], self.settings)
+        )
+        if policy.backend != backend:
+            policy = policy.model_copy(update={"backend": backend})
         if name is None and name_for is not None:
             name = name_for(child_id_for(session_id))
         record = SessionRecord(
@@ -210,6 +226,8 @@ class Orchestrator:
                 if parent
                 else self.settings.harness.refine_enabled
             ),
+            model_spec=stored_model(model),
+            sandbox_policy=policy,
         )
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that
@@ -218,7 +236,12 @@ class Orchestrator:
         if parent is not None:  # a child runs on its parent's image, workspace mode and limits
             p = parent.spec
             spec = dataclasses.replace(
-                spec, image=p.image, workspace=p.workspace, limits=p.limits, skill_dirs=p.skill_dirs
+                spec,
+                image=p.image,
+                workspace=p.workspace,
+                limits=p.limits,
+                network=p.network,
+                skill_dirs=p.skill_dirs,
             )
         live = LiveSession(record=record, model=model, spec=spec)
         self.budgets.add(session_id, parent.id if parent else None, budget)
@@ -235,7 +258,7 @@ class Orchestrator:
             "PRIME_AGENT_DEPTH": str(record.depth),
             "PRIME_AGENT_MAX_DEPTH": str(self.settings.max_depth),
         }
-        return SandboxSpec(
+        spec = SandboxSpec(
             session_id=record.id,
             cwd=Path(record.cwd),
             artifacts_dir=ensure_private_dir(self.paths.session_artifacts(record.id)),
@@ -245,6 +268,8 @@ class Orchestrator:
             die_with_parent=self.die_with_parent,
             skill_dirs=self.prompts.skill_dirs(record.cwd),
         )
+        policy = record.sandbox_policy
+        return spec if policy is None else apply_policy(spec, policy)
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
         live.loop = AgentLoop(
@@ -305,7 +330,7 @@ class Orchestrator:
             raise SessionNotLoadable(f"no session {session_id}")
         if record.status in TERMINAL_STATES:
             raise SessionNotLoadable(f"session {session_id} is {record.status}")
-        model = await self._resolve(record.model)
+        record, model = await self._stored_model(record)
         await self._ensure_budgets(record.root_id)
         if session_id in self.sessions:  # created or loaded meanwhile (cannot happen twice)
             return self.sessions[session_id]
@@ -333,6 +358,34 @@ class Orchestrator:
         await self._set_state(live, state)
         log.info("loaded session %s from the store (%d events on its path)", session_id, len(path))
         return live
+
+    async def _stored_model(self, record: SessionRecord) -> tuple[SessionRecord, ResolvedModel]:
+        """The model ``record`` stored, usable again (its endpoint, never this process's
+        ``OPENAI_BASE_URL``); ``MissingCredentials`` when its key's variable is gone.
+
+        A row from before migration 0007 has no spec: it is resolved from its selector with
+        this process's config and environment, as it always was, and what that gives (with
+        the sandbox policy of its backend here) is stored, so it does not drift again."""
+        if record.spec_problem is not None:
+            raise SessionNotLoadable(f"session {record.id} cannot be loaded: {record.spec_problem}")
+        spec = record.model_spec
+        if spec is not None:
+            if spec.embedded:  # its endpoint is this process's server
+                return record, await self._resolve(spec.selector)
+            return record, resolve_stored(spec, self.settings, session=record.id)
+        model = await self._resolve(record.model)
+        fields: dict[str, Any] = {"model_spec": stored_model(model)}
+        backend = self.backends.get(record.backend)
+        if record.sandbox_policy is None and backend is not None:
+            fields["sandbox_policy"] = policy_for(backend, self.settings)
+        log.info(
+            "session %s was stored without its endpoint (before migration 0007): it keeps %s "
+            "at %s from now on",
+            record.id,
+            model.selector,
+            model.api_base or "its provider's endpoint",
+        )
+        return await self.store.update_session(record.id, **fields), model
 
     async def _ensure_budgets(self, root_id: str) -> None:
         """Budget nodes for every session of the tree, spending from the store's usage rows.

@@ -95,7 +95,7 @@ _BIGINT_MAX = 2**63 - 1
 
 UPDATABLE_SESSION_FIELDS: frozenset[str] = frozenset(
     {"name", "cwd", "model", "backend", "sandbox_ref", "status", "leaf_event_id", "budget_tokens"}
-    | {"refine_enabled"}
+    | {"refine_enabled", "model_spec", "sandbox_policy"}
 )
 
 _T = TypeVar("_T")

@@ -240,6 +240,9 @@ class ModelChangePayload(_Payload):
 
     model: str  # the new selector, e.g. "openai/gpt-4o-mini"
     previous: str | None = None
+    # The endpoints switched between (None: the provider's own, or the embedded model).
+    api_base: str | None = None
+    previous_api_base: str | None = None
 
 
 EVENT_PAYLOADS: dict[str, type[_Payload]] = {

@@ -16,6 +16,7 @@ import duckdb
 
 from orchestrator.errors import StoreError, UserError
 from orchestrator.store.events import EventType
+from orchestrator.store.session_specs import StoredModel, StoredSandboxPolicy
 
 __all__ = [
     "ACTIVE_PATH_MAX_DEPTH",
@@ -97,6 +98,13 @@ class SessionRecord:
     forked_from: str | None = None  # fork/clone: the session copied (docs/tree.md)
     forked_at: str | None = None  # ... and its event the copy goes up to
     refine_enabled: bool = True  # /refine allowed (docs/harness.md); children inherit it
+    # Migration 0007: the session's model endpoint and sandbox policy (session_specs.py);
+    # None for rows written before it.
+    model_spec: StoredModel | None = None
+    sandbox_policy: StoredSandboxPolicy | None = None
+    # Not a column: why a stored spec could not be read (a damaged row). Such a session is
+    # not loaded rather than run against some other endpoint or policy.
+    spec_problem: str | None = None
 
 
 SESSION_COLUMNS: tuple[str, ...] = (
@@ -118,7 +126,14 @@ SESSION_COLUMNS: tuple[str, ...] = (
     "forked_from",
     "forked_at",
     "refine_enabled",
+    "model_spec",
+    "sandbox_policy",
 )
+# JSON columns and the pydantic model each one holds.
+_SPEC_COLUMNS: dict[str, type[StoredModel] | type[StoredSandboxPolicy]] = {
+    "model_spec": StoredModel,
+    "sandbox_policy": StoredSandboxPolicy,
+}
 _SESSION_SELECT = f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions"
 
 
@@ -186,7 +201,27 @@ def _session_from_row(row: tuple[Any, ...]) -> SessionRecord:
     values = dict(zip(SESSION_COLUMNS, row, strict=True))
     values["created_at"] = from_db_ts(values["created_at"])
     values["updated_at"] = from_db_ts(values["updated_at"])
-    return SessionRecord(**values)
+    problems = []
+    for column, model in _SPEC_COLUMNS.items():
+        raw = values[column]
+        if raw is None:
+            continue
+        try:
+            values[column] = model.model_validate_json(raw)
+        except ValueError as exc:
+            values[column] = None
+            problems.append(f"its stored {column} cannot be read ({_first_line(exc)})")
+    return SessionRecord(**values, spec_problem="; ".join(problems) or None)
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def spec_column_value(value: Any) -> Any:
+    """A field value as its column takes it: a stored spec as its JSON text."""
+    specs = (StoredModel, StoredSandboxPolicy)
+    return value.model_dump_json() if isinstance(value, specs) else value
 
 
 def event_from_row(row: tuple[Any, ...]) -> EventRecord:
@@ -258,7 +293,7 @@ def find_session(con: duckdb.DuckDBPyConnection, selector: str) -> SessionRecord
 
 
 def insert_session(con: duckdb.DuckDBPyConnection, record: SessionRecord) -> SessionRecord:
-    values = [getattr(record, c) for c in SESSION_COLUMNS]
+    values = [spec_column_value(getattr(record, c)) for c in SESSION_COLUMNS]
     values[SESSION_COLUMNS.index("created_at")] = to_db_ts(record.created_at)
     values[SESSION_COLUMNS.index("updated_at")] = to_db_ts(record.updated_at)
     placeholders = ", ".join(f"${i + 1}" for i in range(len(SESSION_COLUMNS)))
@@ -284,7 +319,11 @@ def update_session(
         check_parent(con, session_id, fields["leaf_event_id"])
     names = sorted(fields)
     assignments = "".join(f"{name} = ${i + 2}, " for i, name in enumerate(names))
-    params: list[Any] = [session_id, *(fields[n] for n in names), to_db_ts(now)]
+    params: list[Any] = [
+        session_id,
+        *(spec_column_value(fields[n]) for n in names),
+        to_db_ts(now),
+    ]
     con.execute(
         f"UPDATE sessions SET {assignments}updated_at = ${len(params)} WHERE id = $1", params
     )

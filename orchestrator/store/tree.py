@@ -218,6 +218,8 @@ def copy_path_sql(
         status="inactive",
         leaf_event_id=new_ids[-1] if new_ids else None,
         budget_tokens=source.budget_tokens,
+        model_spec=source.model_spec,  # a copy talks to the same endpoint, in the same sandbox
+        sandbox_policy=source.sandbox_policy,
         forked_from=source.id,
         forked_at=target,
     )

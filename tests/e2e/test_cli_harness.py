@@ -67,7 +67,14 @@ def test_model_switch_applies_from_the_next_turn(model: FakeModelServer) -> None
     cli(["daemon", "stop"])
     events = asyncio.run(_events("first task"))
     changes = [p for t, p in events if t == "model_change"]
-    assert changes == [{"model": "openai/other", "previous": "openai/fake"}]
+    assert changes == [
+        {
+            "model": "openai/other",
+            "previous": "openai/fake",
+            "api_base": model.url,  # both endpoints are named (the config's here)
+            "previous_api_base": model.url,
+        }
+    ]
 
 
 def test_user_harness_edits_show_in_the_next_prompt_and_the_log(model: FakeModelServer) -> None:

@@ -164,7 +164,12 @@ async def test_version_3_keeps_the_tree_and_every_entry(store: Store) -> None:
     assert compaction["first_kept_event_id"] == by_seq[12].id
     assert (compaction["tokens_before"], compaction["reason"]) == (1200, "imported")
     assert compaction["read_files"] == ["notes.md"] and compaction["pinned_event_id"] is None
-    assert by_seq[10].payload == {"model": "anthropic/claude-sonnet-4-5", "previous": None}
+    assert by_seq[10].payload == {
+        "model": "anthropic/claude-sonnet-4-5",
+        "previous": None,
+        "api_base": None,
+        "previous_api_base": None,
+    }
     assert by_seq[17].payload == {
         "entry_type": "future_entry_kind",
         "fields": {"whatever": {"nested": [1, 2, 3]}},

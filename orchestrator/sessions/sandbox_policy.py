@@ -1,0 +1,50 @@
+"""A session's sandbox policy: chosen when it is created, stored with it, applied at every start.
+
+``policy_for`` takes the policy a new root session gets from the backend it runs on (whose
+defaults are the config's ``[sandbox]`` and, for docker, ``--network``); a child copies its
+parent's. ``apply_policy`` puts a stored policy into the ``SandboxSpec`` of each sandbox the
+session starts, so a daemon restarted with another ``[sandbox]`` (or another image, limits or
+network) still gives the session what it was created with (docs/daemon.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from orchestrator.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
+from orchestrator.settings import Settings
+from orchestrator.store.session_specs import StoredSandboxPolicy
+
+__all__ = ["apply_policy", "policy_for"]
+
+
+def policy_for(backend: SandboxBackend, settings: Settings) -> StoredSandboxPolicy:
+    """The policy ``backend`` gives a session that asks for nothing: its own defaults where it
+    has them (a docker backend built with other limits than the config's), else the config's."""
+    sandbox = settings.sandbox
+    image = getattr(backend, "image", None)
+    workspace = getattr(backend, "workspace_mode", None)
+    memory = getattr(backend, "memory_bytes", None)
+    cpus = getattr(backend, "cpus", None)
+    pids = getattr(backend, "pids_limit", None)
+    network = getattr(backend, "network", None)
+    return StoredSandboxPolicy(
+        backend=backend.name,
+        image=image if isinstance(image, str) else sandbox.image,
+        workspace=workspace if workspace in ("rw", "ro", "copy") else sandbox.workspace,
+        network=network if isinstance(network, bool) else False,
+        memory_bytes=memory if isinstance(memory, int) else sandbox.memory_bytes,
+        cpus=float(cpus) if isinstance(cpus, int | float) else sandbox.cpus,
+        pids=pids if isinstance(pids, int) else sandbox.pids_limit,
+    )
+
+
+def apply_policy(spec: SandboxSpec, policy: StoredSandboxPolicy) -> SandboxSpec:
+    """``spec`` asking for exactly ``policy`` (nothing left to the backend's defaults)."""
+    return dataclasses.replace(
+        spec,
+        image=policy.image,
+        workspace=policy.workspace,
+        network=policy.network,
+        limits=ResourceLimits(memory_bytes=policy.memory_bytes, cpus=policy.cpus, pids=policy.pids),
+    )

@@ -1,0 +1,80 @@
+"""What a session keeps of its model endpoint and sandbox policy (migration 0007).
+
+A session's endpoint and sandbox policy belong to the session, not to whichever daemon wakes
+it: resume, adoption, wake, idle reload and children use what is stored here, never the
+environment of the process that happens to load it (docs/models.md, "A session keeps its
+endpoint"). Both are JSON columns of ``sessions`` validated by these models at the store's
+boundary. The model spec holds the *name* of the variable that holds the key, never a key.
+
+Rows written before 0007 have neither (``None``); ``Orchestrator._load`` resolves such a
+session as before (its selector with the loading process's config and environment) once, and
+stores the result, so it does not drift again.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "MODEL_SPEC_VERSION",
+    "SANDBOX_POLICY_VERSION",
+    "StoredModel",
+    "StoredPrices",
+    "StoredSandboxPolicy",
+]
+
+MODEL_SPEC_VERSION: Final = 1
+SANDBOX_POLICY_VERSION: Final = 1
+# An environment variable's name as stored: what a shell accepts, bounded.
+ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class _Spec(BaseModel):
+    # Extra fields are refused: a row holding something we do not understand is damaged.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StoredPrices(_Spec):
+    """USD per token (``registry.Prices``)."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_read: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+
+
+class StoredModel(_Spec):
+    """The model a session talks to, as resolved when it was created (or last switched)."""
+
+    version: Literal[1] = MODEL_SPEC_VERSION
+    selector: str = Field(min_length=1)  # e.g. "openai/gpt-4o-mini" (also sessions.model)
+    provider: str
+    name: str
+    # None: the provider's public endpoint (litellm's default), or the embedded model, whose
+    # loopback endpoint is per daemon start and found again at load.
+    api_base: str | None = None
+    # The variable that held the key; None: no key was needed (a local server: the dummy key
+    # is sent), or litellm reads the provider's own variable.
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)
+    context_window: int | None = Field(default=None, ge=1)
+    max_output_tokens: int = Field(ge=1)
+    tool_protocol: Literal["native", "fenced"] = "native"
+    prices: StoredPrices | None = None  # None: litellm's bundled map at cost time
+    embedded: bool = False
+
+
+class StoredSandboxPolicy(_Spec):
+    """The sandbox a session asked for: what its next sandbox is started with, whichever
+    daemon starts it. ``image`` and the limits apply to docker; the local backend keeps the
+    workspace mode and has no network isolation to grant or take away."""
+
+    version: Literal[1] = SANDBOX_POLICY_VERSION
+    backend: str = Field(min_length=1)  # also sessions.backend
+    image: str = Field(min_length=1, pattern=r"^\S+$")  # "session", "rust", "cuda" or a tag
+    workspace: Literal["rw", "ro", "copy"]
+    network: bool = False
+    memory_bytes: int = Field(ge=1)
+    cpus: float = Field(gt=0)
+    pids: int = Field(ge=1)
