@@ -490,10 +490,13 @@ class AgentLoop:
             await asyncio.shield(self._abort_cell(call, started))
             raise
         except SandboxError as exc:
+            self._repeats.forget()  # not the model's loop: the same cell is a fair retry
             await self._tool_error(
                 call, _noticed(notice, f"the sandbox failed: {exc}"), "sandbox_error"
             )
             return None
+        if result.kernel_restarted:
+            self._repeats.forget()
         await self._append(
             "tool_result",
             ToolResultPayload(

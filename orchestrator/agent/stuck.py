@@ -4,9 +4,11 @@ A model that is stuck re-sends what it just sent: the same cell (a small local m
 one cell 126 times) or tool-call arguments that never parse (200 model calls). ``RepeatGuard``
 watches the tool calls of one turn in order. A call that repeats the previous one (the same
 code after ``normalise_code``; or malformed like the previous one) raises the run count; any
-other call resets it to one. From the second call of a run on, the tool result starts with a
-notice saying so (``repeat_notice``); the ``STUCK_REPEAT_LIMIT``-th call of a run is not run at
-all and the turn stops with reason ``stuck`` (docs/agent-loop.md, "Runaway loops").
+other call resets it to one, and so does a call whose sandbox failed or whose kernel was
+restarted (``forget``: the same code may well give another result now). From the second call
+of a run on, the tool result starts with a notice saying so (``repeat_notice``); the
+``STUCK_REPEAT_LIMIT``-th call of a run is not run at all and the turn stops with reason
+``stuck`` (docs/agent-loop.md, "Runaway loops").
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ class RepeatGuard:
         self._last = key
         action: Literal["run", "stop"] = "stop" if self._repeats >= self.limit else "run"
         return Verdict(action=action, repeats=self._repeats, malformed=code is None)
+
+    def forget(self) -> None:
+        """The last call got no answer from its code (its sandbox failed, or its kernel was
+        restarted under it): running it again is a retry, not a loop, so the run starts over."""
+        self._last = None
+        self._repeats = 0
 
 
 def repeat_notice(verdict: Verdict, limit: int) -> str:

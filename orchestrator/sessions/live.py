@@ -72,9 +72,10 @@ class LiveSession:
     # and how its autonomous or goal run stopped (None while it runs, or for other sessions).
     goal_run: str | None = None
     run_stop: RunStop | None = None
-    # Set by a cascading abort (``Orchestrator.abort_tree``): queued input that is not the
-    # user's (subagent reports, notices, continuations) waits for the next user input instead
-    # of starting a turn on its own, so an aborted tree stays stopped.
+    # Set by a cascading abort (``Orchestrator.abort_tree``) and by a turn that spent the
+    # session's budget: queued input that is not the user's (subagent reports, notices,
+    # continuations) waits for the next user input instead of starting a turn on its own, so
+    # an aborted or spent tree stays stopped.
     held: bool = False
 
     @property

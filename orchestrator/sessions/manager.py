@@ -583,6 +583,11 @@ class Orchestrator:
                     live.last_outcome = TurnOutcome(reason="aborted")
             live.last_outcome = outcome
             live.turns += 1
+            if _spent(live):
+                # A spent budget ends the run: reports still coming wait for the user's next
+                # message (which stops the same way before any model call) instead of each
+                # starting a turn that records another budget stop after the run ended.
+                live.held = True
             await after_turn(self, live, outcome)
             # Steer messages that arrived after the last model call start the next turn.
             for leftover in reversed(live.steer):
@@ -593,7 +598,7 @@ class Orchestrator:
             failed = outcome.reason not in ("completed", "aborted")  # error, limits, stuck...
             if failed or not live.follow:
                 await self._notify_parent(live, outcome)
-            if live.follow:
+            if live.has_work:
                 continue
             # A failed turn rests like any other: its typed error is in its events (error,
             # turn_end), and the next message starts a turn that calls the model again.
