@@ -17,9 +17,9 @@ from typing import Any, Final, Literal, get_args
 
 import duckdb
 
-from orchestrator.errors import HarnessNotFound
 from orchestrator.ids import new_event_id
-from orchestrator.store.queries import from_db_ts, to_db_ts, utcnow
+from orchestrator.store.queries import utcnow
+from orchestrator.store.rows import RowTable
 
 __all__ = [
     "PROPOSAL_ID_PREFIX",
@@ -93,69 +93,31 @@ _COLUMNS: Final = tuple(f.name for f in fields(ProposalRow))
 _COLUMN_LIST = ", ".join(_COLUMNS)
 
 
-def _check_status(value: object) -> None:
-    if value not in PROPOSAL_STATUSES:
-        raise ValueError(
-            f"unknown proposal status {value!r}: expected one of {', '.join(PROPOSAL_STATUSES)}"
-        )
-
-
-def _to_db(name: str, value: Any) -> Any:
-    if name in _JSON_FIELDS:
-        return json.dumps(value, ensure_ascii=False)
-    if name in _TIME_FIELDS:
-        return None if value is None else to_db_ts(value)
-    return value
-
-
-def _row(values: Sequence[Any]) -> ProposalRow:
-    data = dict(zip(_COLUMNS, values, strict=True))
-    for name in _JSON_FIELDS:
-        data[name] = json.loads(data[name])
-    for name in _TIME_FIELDS:
-        if data[name] is not None:
-            data[name] = from_db_ts(data[name])
-    return ProposalRow(**data)
+_TABLE: Final = RowTable(
+    table="harness_proposals",
+    what="proposal",
+    columns=_COLUMNS,
+    make=ProposalRow,
+    json_fields=_JSON_FIELDS,
+    time_fields=_TIME_FIELDS,
+    statuses=PROPOSAL_STATUSES,
+)
 
 
 def insert_proposal(con: duckdb.DuckDBPyConnection, row: ProposalRow) -> ProposalRow:
-    _check_status(row.status)
-    placeholders = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
-    con.execute(
-        f"INSERT INTO harness_proposals ({_COLUMN_LIST}) VALUES ({placeholders})",
-        [_to_db(name, getattr(row, name)) for name in _COLUMNS],
-    )
-    return row
+    return _TABLE.insert(con, row)
 
 
 def update_proposal(
     con: duckdb.DuckDBPyConnection, proposal_id: str, **changes: Any
 ) -> ProposalRow:
-    """Set the named columns of one proposal; the row as stored afterwards.
-    ``HarnessNotFound`` when there is no such proposal."""
-    unknown = sorted(name for name in changes if name not in _COLUMNS or name == "id")
-    if unknown:
-        raise ValueError(f"proposals have no updatable field(s) {', '.join(unknown)}")
-    if "status" in changes:
-        _check_status(changes["status"])
-    if changes:
-        names = list(changes)
-        assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=2))
-        con.execute(
-            f"UPDATE harness_proposals SET {assignments} WHERE id = $1",
-            [proposal_id, *(_to_db(name, changes[name]) for name in names)],
-        )
-    row = select_proposal(con, proposal_id)
-    if row is None:
-        raise HarnessNotFound(f"no proposal {proposal_id!r}")
-    return row
+    """Set the named columns of one proposal; the row as stored afterwards (``RowTable.update``:
+    ``ValueError`` for an unknown column or status, ``HarnessNotFound`` for no such row)."""
+    return _TABLE.update(con, proposal_id, changes)
 
 
 def select_proposal(con: duckdb.DuckDBPyConnection, proposal_id: str) -> ProposalRow | None:
-    values = con.execute(
-        f"SELECT {_COLUMN_LIST} FROM harness_proposals WHERE id = $1", [proposal_id]
-    ).fetchone()
-    return None if values is None else _row(values)
+    return _TABLE.select(con, proposal_id)
 
 
 def select_proposals(
@@ -171,7 +133,7 @@ def select_proposals(
     conditions = ["TRUE"]
     params: list[Any] = [limit]
     if status is not None:
-        _check_status(status)
+        _TABLE.check_status(status)
         params.append(status)
         conditions.append(f"status = ${len(params)}")
     if proposers is not None:
@@ -182,7 +144,7 @@ def select_proposals(
         "ORDER BY created_at DESC, id DESC LIMIT $1",
         params,
     ).fetchall()
-    return [_row(values) for values in rows]
+    return [_TABLE.row(values) for values in rows]
 
 
 def count_pending(con: duckdb.DuckDBPyConnection, proposer: str) -> int:

@@ -12,7 +12,6 @@ thread (``Store.read`` / ``Store.transaction``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -20,9 +19,9 @@ from typing import Any, Final, Literal, get_args
 
 import duckdb
 
-from orchestrator.errors import HarnessNotFound
 from orchestrator.ids import new_event_id
-from orchestrator.store.queries import from_db_ts, to_db_ts, utcnow
+from orchestrator.store.queries import utcnow
+from orchestrator.store.rows import RowTable
 
 __all__ = [
     "REFINEMENT_ID_PREFIX",
@@ -87,73 +86,31 @@ _WIRE_FIELDS: Final = _COLUMNS
 _COLUMN_LIST = ", ".join(_COLUMNS)
 
 
-def _check_status(value: object) -> None:
-    if value not in REFINEMENT_STATUSES:
-        raise ValueError(
-            f"unknown refinement status {value!r}: expected one of {', '.join(REFINEMENT_STATUSES)}"
-        )
-
-
-def _to_db(name: str, value: Any) -> Any:
-    if name in _JSON_FIELDS:
-        return None if value is None else json.dumps(value, ensure_ascii=False)
-    if name in _TIME_FIELDS:
-        return None if value is None else to_db_ts(value)
-    return value
-
-
-def _row(values: Sequence[Any]) -> RefinementRow:
-    data = dict(zip(_COLUMNS, values, strict=True))
-    for name in _JSON_FIELDS:
-        if data[name] is not None:
-            data[name] = json.loads(data[name])
-    for name in _TIME_FIELDS:
-        if data[name] is not None:
-            data[name] = from_db_ts(data[name])
-    return RefinementRow(**data)
+_TABLE: Final = RowTable(
+    table="refinements",
+    what="refinement",
+    columns=_COLUMNS,
+    make=RefinementRow,
+    json_fields=_JSON_FIELDS,
+    time_fields=_TIME_FIELDS,
+    statuses=REFINEMENT_STATUSES,
+)
 
 
 def insert_refinement(con: duckdb.DuckDBPyConnection, row: RefinementRow) -> RefinementRow:
-    _check_status(row.status)
-    placeholders = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
-    con.execute(
-        f"INSERT INTO refinements ({_COLUMN_LIST}) VALUES ({placeholders})",
-        [_to_db(name, getattr(row, name)) for name in _COLUMNS],
-    )
-    return row
+    return _TABLE.insert(con, row)
 
 
 def update_refinement(
     con: duckdb.DuckDBPyConnection, refinement_id: str, **changes: Any
 ) -> RefinementRow:
-    """Set the named columns of one refinement; returns the row as stored afterwards.
-
-    ``ValueError`` for a name that is not a column (or ``id``) or an unknown status;
-    ``HarnessNotFound`` when there is no such refinement.
-    """
-    unknown = sorted(name for name in changes if name not in _COLUMNS or name == "id")
-    if unknown:
-        raise ValueError(f"refinements have no updatable field(s) {', '.join(unknown)}")
-    if "status" in changes:
-        _check_status(changes["status"])
-    if changes:
-        names = list(changes)
-        assignments = ", ".join(f"{name} = ${i}" for i, name in enumerate(names, start=2))
-        con.execute(
-            f"UPDATE refinements SET {assignments} WHERE id = $1",
-            [refinement_id, *(_to_db(name, changes[name]) for name in names)],
-        )
-    row = select_refinement(con, refinement_id)
-    if row is None:
-        raise HarnessNotFound(f"no refinement {refinement_id!r}")
-    return row
+    """Set the named columns of one refinement; the row as stored afterwards (``RowTable.update``:
+    ``ValueError`` for an unknown column or status, ``HarnessNotFound`` for no such row)."""
+    return _TABLE.update(con, refinement_id, changes)
 
 
 def select_refinement(con: duckdb.DuckDBPyConnection, refinement_id: str) -> RefinementRow | None:
-    values = con.execute(
-        f"SELECT {_COLUMN_LIST} FROM refinements WHERE id = $1", [refinement_id]
-    ).fetchone()
-    return None if values is None else _row(values)
+    return _TABLE.select(con, refinement_id)
 
 
 def select_refinements(
@@ -179,4 +136,4 @@ def select_refinements(
         "ORDER BY created_at DESC, id DESC LIMIT $1",
         params,
     ).fetchall()
-    return [_row(values) for values in rows]
+    return [_TABLE.row(values) for values in rows]
