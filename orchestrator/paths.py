@@ -1,4 +1,5 @@
-"""XDG file layout (DESIGN.md §3): config, data, cache and runtime directories.
+"""XDG file layout: config, data, cache and runtime directories (docs/design.md, "State and
+storage").
 
 Every directory is created 0700 on first use; nothing here touches the disk at import time.
 """

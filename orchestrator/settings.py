@@ -1,6 +1,6 @@
 """Defaults, limits and the user's config file.
 
-Every number SPEC.md names is a constant here (or in the module that owns the concept) and a
+Every number docs/spec.md names is a constant here (or in the module that owns the concept) and a
 field of ``Settings`` so that config and tests can change it. Docs quote the constant names.
 
 The config file is ``$XDG_CONFIG_HOME/prime-agent/config.toml``::
@@ -89,7 +89,7 @@ __all__ = [
     "load_settings",
 ]
 
-# --- REPL (SPEC.md §2) ---------------------------------------------------------------------
+# --- REPL (docs/spec.md §2) ---------------------------------------------------------------
 CELL_TIMEOUT_DEFAULT_S = 600.0  # per-cell timeout when the model does not ask for one
 CELL_TIMEOUT_CEILING_S = 3600.0  # the most a model may ask for
 INTERRUPT_GRACE_S = 10.0  # after an interrupt, how long a cell may take to stop before restart
@@ -106,7 +106,7 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 EMBEDDED_MODEL_NAME = "local/qwen2.5-coder-0.5b"
 EMBEDDED_CONTEXT_TOKENS = 8192
 
-# --- subagents and messages (SPEC.md §3) ------------------------------------------------------
+# --- subagents and messages (docs/spec.md §3) ----------------------------------------------
 MAX_DEPTH = 1  # root is depth 0; children of depth MAX_DEPTH cannot spawn
 MAX_LIVE_CHILDREN = 32  # spawn quota per session
 MESSAGE_MAX_BYTES = 16 * 1024
@@ -120,8 +120,8 @@ FAMILY_WAIT_TIMEOUT_S = 3600.0  # print mode: how long to wait for subagents to 
 WARM_POOL_SIZE = 1  # started, idle sandboxes kept ready per image
 PROCESS_STOP_GRACE_S = 5.0  # SIGTERM -> grace -> SIGKILL of a child process group
 SANDBOX_START_TIMEOUT_S = 60.0
-# Lifecycle (SPEC.md §4, docs/snapshots.md): a quiet loaded session is unloaded (inactive) after
-# this long; its namespace is snapshotted after cells, debounced by SNAPSHOT_DEBOUNCE_S.
+# Lifecycle (docs/spec.md §4, docs/snapshots.md): a quiet loaded session is unloaded (inactive)
+# after this long; its namespace is snapshotted after cells, debounced by SNAPSHOT_DEBOUNCE_S.
 IDLE_UNLOAD_MINUTES = 30.0
 # A refinement's measured outcome compares this many turns after it with as many before.
 HARNESS_OUTCOME_TURNS = 10
@@ -140,7 +140,7 @@ SANDBOX_CPUS = 1.0
 SANDBOX_PIDS_LIMIT = 256
 SANDBOX_PIDS_MIN = 32  # gateway, kernel and their threads
 MIB = 1024**2
-# Compaction (SPEC.md §5, docs/compaction.md; Settings.compaction): compact when the context
+# Compaction (docs/spec.md §5, docs/compaction.md; Settings.compaction): compact when the context
 # passes the model's window minus the reserve; keep the newest tokens verbatim; after it, kernel
 # variables larger than the drop size may be dropped (and the model is told which).
 COMPACTION_RESERVE_TOKENS = 16_384
@@ -251,7 +251,7 @@ class Settings(_Strict):
     family_wait_timeout_s: float = Field(default=FAMILY_WAIT_TIMEOUT_S, gt=0)
     session_token_budget: int | None = Field(default=None, gt=0)  # a root's budget
     idle_unload_minutes: float = Field(default=IDLE_UNLOAD_MINUTES, ge=0)  # 0 = never
-    # A turn the daemon's death interrupted continues after the restart (SPEC.md §4).
+    # A turn the daemon's death interrupted continues after the restart (docs/spec.md §4).
     resume_interrupted_turns: bool = True
     idle_unload_seconds: float | None = Field(default=None, gt=0)  # overrides the minutes
     snapshot_debounce_s: float = Field(default=SNAPSHOT_DEBOUNCE_S, ge=0)

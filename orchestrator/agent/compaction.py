@@ -1,4 +1,4 @@
-"""Compaction: when the context gets too long, summarise its older part (SPEC.md §5).
+"""Compaction: when the context gets too long, summarise its older part (docs/spec.md §5).
 
 The turn loop owns one ``Compactor`` per session and calls it at step boundaries (never
 mid-cell): before a model call when a compaction was requested (``/compact``, ``compact.run``

@@ -1,4 +1,4 @@
-"""The kernel's variables around a compaction, host side (docs/compaction.md, SPEC.md §5).
+"""The kernel's variables around a compaction, host side (docs/compaction.md, docs/spec.md §5).
 
 Before the summary call the kernel lists its variables with their sizes
 (``orchestrator/runtime/namespace.py``, a silent execution), so the summary can name the ones

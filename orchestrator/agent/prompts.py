@@ -1,4 +1,4 @@
-"""The base system prompt: an immutable, versioned constant (SPEC.md §6).
+"""The base system prompt: an immutable, versioned constant (docs/spec.md §6).
 
 Later sections (Continual Harness notes, skills, environment facts) are appended *after* the
 base text so a change there never alters the cache-stable prefix.

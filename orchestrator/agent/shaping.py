@@ -1,4 +1,4 @@
-"""Turning a ``CellResult`` into the text the model reads (SPEC.md §2).
+"""Turning a ``CellResult`` into the text the model reads (docs/spec.md §2).
 
 The sandbox has already bounded every stream and cleaned control characters; this module only
 orders the parts, labels them and puts notices (timeout, kernel restart) first so the model

@@ -11,7 +11,7 @@ file, persistent: every reservation and every answer is appended to that file (0
 daemon's private runtime directory), and the next daemon loads it. So a repeat after a daemon
 restart still gets the stored answer; and a command whose reservation is on disk but whose
 answer is not (the daemon died while it ran) is answered ``shutting_down`` — "effect uncertain" —
-never run a second time (SPEC.md §4: never replay a side effect we are unsure about).
+never run a second time (docs/spec.md §4: never replay a side effect we are unsure about).
 
 The file stays bounded: it is rewritten from the live entries whenever it passes
 ``JOURNAL_FILE_MAX_BYTES`` or holds more than twice ``max_entries`` records, and an answer larger

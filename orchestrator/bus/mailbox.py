@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 
 MAILBOX_STREAM = "PA_MAILBOX"
 MAILBOX_SUBJECT_PREFIX = "pa.mbox"
-MAILBOX_MAX_MESSAGE_BYTES = 64 * 1024  # SPEC: 16 KiB of text per message, plus its envelope
+# docs/spec.md §3: 16 KiB of text per message (MESSAGE_MAX_BYTES), plus its envelope.
+MAILBOX_MAX_MESSAGE_BYTES = 64 * 1024
 MAILBOX_MAX_BYTES = 256 * 1024 * 1024  # the whole stream; beyond it new puts are refused
 MAILBOX_DUPLICATE_WINDOW_S = 120.0  # a put retried within this is stored once
 MESSAGE_ID_MAX_CHARS = 128

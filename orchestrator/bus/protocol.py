@@ -46,7 +46,7 @@ __all__ = [
 PROTOCOL_VERSION: Literal[1] = 1
 HOST_SUBJECT_PREFIX = "pa.host"
 INBOX_PREFIX = "_INBOX"
-HOST_REQUEST_TIMEOUT_S = 30.0  # SPEC.md §3: every host request has this default timeout
+HOST_REQUEST_TIMEOUT_S = 30.0  # docs/spec.md §3: every host request has this default timeout
 MAX_REQUEST_BYTES = 1024 * 1024
 
 # Environment a sandbox gets (names only; values are per-session and never logged).

@@ -1,4 +1,4 @@
-"""The host-request router: kernels ask, the orchestrator answers (SPEC.md §3, R17, R18).
+"""The host-request router: kernels ask, the orchestrator answers (docs/spec.md §3, R17, R18).
 
 The router subscribes (as admin, in a queue group so several orchestrator shards could share
 the load later) to ``pa.host.*``. For each request it:

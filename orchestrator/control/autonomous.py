@@ -1,5 +1,5 @@
 """Autonomous mode: the harness keeps the agent working within limits, and gates decide when
-it may finish (SPEC.md §1 and §7, docs/control.md).
+it may finish (docs/spec.md §1 and §7, docs/control.md).
 
 ``prime-agent --autonomous`` turns it on for a session with an ``AutonomousPolicy``: gate
 commands (``--autonomous-gate CMD``, repeatable) and limits of turns
@@ -102,7 +102,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Limits (SPEC.md §7; the reference's defaults).
+# Limits (docs/spec.md §7; the reference's defaults).
 AUTONOMOUS_MAX_TURNS: Final = 12
 AUTONOMOUS_MAX_TOKENS: Final = 80_000
 AUTONOMOUS_TIMEOUT_MS: Final = 30 * 60 * 1000

@@ -1,8 +1,9 @@
 """Evaluation configs: one YAML file binds a task to a model, policies, gates and limits.
 
-``prime-agent run --config F`` (issue 8, SPEC.md §7; docs/control.md) runs one config as one
+``prime-agent run --config F`` (issue 8, docs/spec.md §7; docs/control.md) runs one config as one
 session tree and records how it stopped and what it cost (``orchestrator/store/eval_results``).
-A config is the single-run unit a sweep (SPEC.md §10) later multiplies. Its shape::
+A config is the single-run unit a sweep (not built yet: docs/spec.md, "Not built") would
+multiply. Its shape::
 
     name: fix-tests                     # optional; default: the file's stem
     task: |                             # the prompt; or task_file: (relative to this file)

@@ -1,4 +1,4 @@
-"""Host requests ``goal.*`` from kernels (SPEC.md §3 "Long-horizon", docs/control.md).
+"""Host requests ``goal.*`` from kernels (docs/spec.md §3 "Long-horizon", docs/control.md).
 
 The kernel's ``goal`` (``orchestrator/runtime/goal.py``) is thin: the rules live in
 ``orchestrator/control/goals.py``. The goal belongs to the session whose NATS subject the

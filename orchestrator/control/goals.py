@@ -1,4 +1,4 @@
-"""Goals: an objective the harness keeps the session working on until it is done (SPEC.md §7).
+"""Goals: an objective the harness keeps the session working on until it is done (docs/spec.md §7).
 
 A goal is an objective and an optional token budget, set by the user (``--goal``, ``/goal``)
 or by the agent (``await goal.create(...)``; ``goal_service.py``). After every turn while the

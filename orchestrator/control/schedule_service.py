@@ -1,5 +1,5 @@
 """Heartbeats and schedules: the kernel's ``rlm_heartbeat.*`` host requests, and the functions
-behind ``/heartbeat`` and ``prime-agent schedule add|list|cancel`` (SPEC.md §3, §7; issue 8).
+behind ``/heartbeat`` and ``prime-agent schedule add|list|cancel`` (docs/spec.md §3, §7; issue 8).
 
 Three kinds of schedule share one table (``orchestrator/store/schedules.py``) and one grammar
 (``orchestrator/control/timespec.py``); they differ in who may make and see them:
@@ -81,7 +81,7 @@ __all__ = [
     "pause_schedule",
 ]
 
-DEFAULT_HEARTBEAT_INTERVAL: Final = "5m"  # SPEC.md §3: rlm_heartbeat.create(interval="5m")
+DEFAULT_HEARTBEAT_INTERVAL: Final = "5m"  # docs/spec.md §3: rlm_heartbeat.create(interval="5m")
 DEFAULT_DELIVERY: Final[Delivery] = "steer"
 # Live (active or paused) rlm_heartbeat schedules per session.
 MAX_LIVE_HEARTBEATS: Final = 16

@@ -626,7 +626,7 @@ class DaemonHandler(CommandHandler):
             # the id, so a prefix or name would attach to nothing. Ask for the id.
             raise ApiCommandError(E_INVALID_ARGUMENT, f"attach by session id ({rec.id})")
         if rec.status not in TERMINAL_STATES:
-            # Attaching wakes an inactive session (SPEC.md §4). The history is readable even
+            # Attaching wakes an inactive session (docs/spec.md §4). The history is readable even
             # when it cannot be woken, so a failure only costs the wake-up.
             try:
                 await self._wake(rec)

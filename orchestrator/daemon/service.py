@@ -301,7 +301,7 @@ class Daemon:
         # Not abort_turn: that restarts drivers, and a queued follow-up would start a new turn.
         await orch.close()
         for session in settled:
-            # Sandbox gone, history on disk: that is what "inactive" means (SPEC.md §4).
+            # Sandbox gone, history on disk: that is what "inactive" means (docs/spec.md §4).
             with contextlib.suppress(Exception):
                 await orch.store.update_session(session.id, status="inactive")
 

@@ -4,7 +4,7 @@ An entry is one piece of supplemental harness state the agent can read and edit:
 note, a memory, a skill or a subagent spec. Everything that writes one (the kernel's host
 requests, ``/refine``, the CLI) goes through ``orchestrator.store.harness.write_entry``, which
 checks the write with the helpers here *before* touching the database, so a refused edit leaves
-nothing behind (RELIABILITY.md R20). The limits keep one entry small enough to list and to put
+nothing behind (R20, docs/reliability.md). The limits keep one entry small enough to list and to put
 into a prompt: the harness section of the system prompt is rebuilt from these rows every turn.
 
 The base system prompt is deliberately not an entry: it is a versioned constant, and the id

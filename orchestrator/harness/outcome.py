@@ -1,4 +1,4 @@
-"""The measured outcome of a refinement: what changed over the turns after it (SPEC.md §6).
+"""The measured outcome of a refinement: what changed over the turns after it (docs/spec.md §6).
 
 A refinement states an *expected* outcome; this module records the *measured* one, which the
 reference never did. Once the session has finished ``turns`` more turns after the refinement

@@ -1,4 +1,4 @@
-"""The Continual Harness section of the system prompt (SPEC.md §6, docs/harness.md).
+"""The Continual Harness section of the system prompt (docs/spec.md §6, docs/harness.md).
 
 The system prompt is ``base | harness section | skills | environment facts``. The base text is
 an immutable constant, so it is the cache-stable prefix: a harness write changes only what

@@ -1,4 +1,4 @@
-"""``/refine``: plan in the background, apply at a turn boundary, roll back by id (SPEC.md §6).
+"""``/refine``: plan in the background, apply at a turn boundary, roll back by id (docs/spec.md §6).
 
 The orchestrator holds one ``Refiner`` and hands it sessions as ``RefineTarget``s.
 

@@ -76,7 +76,7 @@ __all__ = [
     "serialize_conversation",
 ]
 
-# What the planner sees (the reference's bounds, inventory §7.3).
+# What the planner sees (the reference's bounds).
 STATE_ENTRIES_PER_KIND: Final = 40  # entries listed per kind in <current_harness_state>
 ENTRY_PREVIEW_CHARS: Final = 240  # of each entry's content
 HISTORY_MAX: Final = 20  # refinements in <refinement_history>

@@ -1,4 +1,4 @@
-"""Host requests ``harness.*`` and ``refine.*`` from kernels (SPEC.md §3, §6; docs/harness.md).
+"""Host requests ``harness.*`` and ``refine.*`` from kernels (docs/spec.md §3, §6; docs/harness.md).
 
 The kernel's ``rlm.harness`` and ``refine`` (``orchestrator/runtime/harness.py``, ``refine.py``)
 are thin: every check that matters happens here and in ``orchestrator/store/harness.py``.

@@ -1,6 +1,6 @@
 """``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff.
 
-The model calls it as ``await edit(...)`` (SPEC.md §3) or plainly; ``EditResult`` is a ``str``
+The model calls it as ``await edit(...)`` (docs/spec.md §3) or plainly; ``EditResult`` is a ``str``
 that is also awaitable, so both spellings work and neither needs an event loop.
 """
 

@@ -1,6 +1,6 @@
 """``goal``: an objective the harness keeps this session working on (in the kernel).
 
-A goal is an objective and an optional token budget (SPEC.md §3 "Long-horizon", §7;
+A goal is an objective and an optional token budget (docs/spec.md §3 "Long-horizon", §7;
 docs/control.md). While it is active, after every turn the orchestrator sends a continuation
 with the objective, its status and the budget left, until the goal is completed; at the budget
 it sends one wrap-up instruction and continues no more. Only set a goal the user asked for.

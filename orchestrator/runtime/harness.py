@@ -2,7 +2,7 @@
 
 The harness is supplemental state the orchestrator puts into the system prompt (bounded) and
 keeps versioned in its database: prompt notes, memories, skills (a Python callable plus its
-argument contract) and subagent specs (SPEC.md §3, §6; docs/harness.md). Every write is a new
+argument contract) and subagent specs (docs/spec.md §3, §6; docs/harness.md). Every write is a new
 version; nothing here touches the database or a file: each call is one host request, and the
 host takes the writer's identity (and so the owner of ``local`` entries: the session tree's
 root) from the request's NATS subject. ``refine`` (``refine.py``) asks the orchestrator to

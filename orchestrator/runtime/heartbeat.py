@@ -2,10 +2,10 @@
 
 A heartbeat puts its instruction into this session again and again (``every 10m``), or once
 (``in 1h``, ``at 2026-05-09T14:00Z``), or on a cron schedule, so a long task keeps being looked
-after while nobody types (SPEC.md §3, §7; docs/control.md). The orchestrator keeps heartbeats in
-its database and delivers them; nothing here runs a timer. Each call is one host request, and
-the host takes the session from the request's NATS subject: a session sees and changes only its
-own heartbeats.
+after while nobody types (docs/spec.md §3, §7; docs/control.md). The orchestrator keeps
+heartbeats in its database and delivers them; nothing here runs a timer. Each call is one host
+request, and the host takes the session from the request's NATS subject: a session sees and
+changes only its own heartbeats.
 
 - ``interval``: a duration (``"5m"``, ``"1h30m"``, or a number of seconds) means ``every`` that
   long, at least ``MINIMUM_INTERVAL_S`` apart; any schedule spec works too (``"in 10m"``,

@@ -55,7 +55,7 @@ __all__ = [
     "agent_observe",
 ]
 
-MAX_MESSAGE_BYTES = 16 * 1024  # UTF-8 bytes per message (SPEC.md §3)
+MAX_MESSAGE_BYTES = 16 * 1024  # UTF-8 bytes per message (docs/spec.md §3)
 RECEIVER_ROLES = ("parent", "sibling", "child")
 MESSAGE_MODES = ("steer", "follow_up")
 OBSERVE_RECENT_DEFAULT_LIMIT = 8

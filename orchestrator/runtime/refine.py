@@ -1,7 +1,7 @@
 """``refine``: have the orchestrator refine the harness from session evidence (in the kernel).
 
 ``/refine`` turns what happened in a session into small, versioned, reversible edits of the
-Continual Harness (``rlm.harness``, ``harness.py``; SPEC.md §6, docs/harness.md). Planning is
+Continual Harness (``rlm.harness``, ``harness.py``; docs/spec.md §6, docs/harness.md). Planning is
 one model call made by the orchestrator in the background while the agent keeps working; the
 edits are applied at the next turn boundary, and an edit whose target changed since planning is
 rejected. The kernel only asks, watches and rolls back; the orchestrator does the rest.

@@ -1,4 +1,4 @@
-"""Usage as a tree (SPEC.md §8): each session's own tokens, cost and time, and its subtree's.
+"""Usage as a tree (docs/spec.md §8): each session's own tokens, cost and time, and its subtree's.
 
 Built from the store's per-session roll-ups and the sessions' parent links, so it is the same
 after a restart. Cost stays honest: a known sum plus a count of calls with unknown price.

@@ -1,4 +1,4 @@
-"""A restarted daemon adopts the sandboxes its predecessor left running (SPEC.md §4, R2, R8).
+"""A restarted daemon adopts the sandboxes its predecessor left running (docs/spec.md §4, R2, R8).
 
 Runs once at start-up, after ``Orchestrator.recover_interrupted`` (every cell that was running
 has its ``interrupted`` result and every interrupted turn its ``aborted`` event: they are

@@ -1,4 +1,4 @@
-"""Token budgets as a tree (SPEC.md §8).
+"""Token budgets as a tree (docs/spec.md §8).
 
 A session may have a budget of its own (a root's, or one reserved at spawn with
 ``rlm(..., budget=N)``). Spending counts against the session and every ancestor. A child's

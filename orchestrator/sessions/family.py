@@ -1,4 +1,4 @@
-"""Host requests from kernels: subagents (``rlm``), messages and observation (SPEC.md §3).
+"""Host requests from kernels: subagents (``rlm``), messages and observation (docs/spec.md §3).
 
 Every handler gets the caller's session id from the NATS subject the request arrived on (the
 router guarantees it), never from the payload. Limits are enforced here, by the host, whatever
@@ -159,7 +159,7 @@ class FamilyService:
 
     async def _siblings(self, live: LiveSession) -> list[_Target]:
         if live.record.parent_id is None:
-            # Roots are unrelated to each other (SPEC.md §3, R18): another user's session,
+            # Roots are unrelated to each other (docs/spec.md §3, R18): another user's session,
             # maybe in another project, is nobody's sibling.
             return []
         return [

@@ -1,4 +1,5 @@
-"""Host requests ``history.*`` and ``compact.*`` from kernels (SPEC.md §3 "Context and history").
+"""Host requests ``history.*`` and ``compact.*`` from kernels (docs/spec.md §3, "Context and
+history").
 
 ``history.search / get / tail`` read the caller's whole recorded history, compacted parts
 included, from the store (the kernel never opens the database); every answer is bounded in

@@ -1,4 +1,4 @@
-"""Idle unload (SPEC.md §4): a loaded session that stays quiet is taken out of memory.
+"""Idle unload (docs/spec.md §4): a loaded session that stays quiet is taken out of memory.
 
 A session is *quiet* when it runs no turn, has no queued input and no client is attached to
 it. When a session and every loaded descendant have been quiet for ``Settings.idle_unload_*``

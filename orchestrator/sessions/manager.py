@@ -631,7 +631,7 @@ class Orchestrator:
             self._changed.notify_all()
 
     async def _notify_parent(self, live: LiveSession, outcome: TurnOutcome) -> None:
-        """A child that failed, or finished without replying, tells its parent (SPEC.md §3).
+        """A child that failed, or finished without replying, tells its parent (docs/spec.md §3).
 
         A parent that is not loaded (the child was woken after a restart) is loaded for it.
         """
@@ -686,7 +686,7 @@ class Orchestrator:
         )
 
     async def wait_quiet(self, root_id: str, timeout_s: float) -> None:
-        """Until no session of the tree runs and no input waits (SPEC.md print mode)."""
+        """Until no session of the tree runs and no input waits (docs/spec.md §1, print mode)."""
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._changed:
@@ -699,7 +699,7 @@ class Orchestrator:
             ) from None
 
     async def unload(self, live: LiveSession) -> None:
-        """Take a quiet session and its loaded descendants out of memory (SPEC.md: inactive).
+        """Take a quiet session and its loaded descendants out of memory (docs/spec.md §4).
 
         Sandboxes stop and NATS users go; everything else is on disk, and ``load_session``
         brings the session back when a prompt, message or attach needs it.

@@ -1,4 +1,5 @@
-"""Post-turn work (DESIGN.md §2 step 5, docs/control.md): what runs after every turn.
+"""Post-turn work: what runs after every turn (docs/design.md, "One turn, as data", step 5;
+docs/control.md).
 
 In this order:
 

@@ -1,4 +1,4 @@
-"""Start-up redelivery of durable agent messages (docs/subagents.md, R-durable messages).
+"""Start-up redelivery of durable agent messages (docs/subagents.md, R4).
 
 Every message between agents goes into its recipient's NATS mailbox before it is queued
 (``Orchestrator.deliver``) and is acked once the recipient recorded it. A daemon that died in

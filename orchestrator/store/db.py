@@ -615,7 +615,8 @@ class Store:
                 check_readable(con, self._path)
             else:
                 migrate(con, self._path)
-                tree.repair_leaves(con)  # a session with events but no leaf (DESIGN.md §3)
+                # A session with events but no leaf (docs/tree.md).
+                tree.repair_leaves(con)
                 os.chmod(self._path, DATABASE_FILE_MODE)
         except BaseException:
             con.close()
@@ -737,7 +738,8 @@ class Store:
         leaves: dict[str, _SessionState],
         db_now: datetime,
     ) -> None:
-        # One Python list per column: DuckDB's fastest insert path from Python (stack-notes §4).
+        # One Python list per column: DuckDB's fastest insert path from Python (docs/store.md,
+        # "Appends and group commit").
         con.execute(
             _INSERT_EVENTS,
             [

@@ -1,4 +1,4 @@
-"""Event types and their payloads: the record of truth (DESIGN.md §3).
+"""Event types and their payloads: the record of truth (docs/design.md, "State and storage").
 
 ``events`` is append-only. Each row is ``(session_id, seq, id, parent_event_id, type, ts,
 payload)``; the payload is one of the pydantic models below, dumped as JSON. The session's leaf

@@ -1,4 +1,4 @@
-"""The ``goals`` table: a session's objective, its token budget and its state (SPEC.md §7).
+"""The ``goals`` table: a session's objective, its token budget and its state (docs/spec.md §7).
 
 A goal is created by the user (``--goal``, ``/goal``) or the agent (``goal.create()``); after
 each turn while it is ``active`` the harness re-prompts with it (``orchestrator/control/goals.py``).

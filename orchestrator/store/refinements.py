@@ -1,4 +1,5 @@
-"""The ``refinements`` table: one row per ``/refine`` or rollback (SPEC.md §6, docs/harness.md).
+"""The ``refinements`` table: one row per ``/refine`` or rollback (docs/spec.md §6,
+docs/harness.md).
 
 A refinement is planned in the background and applied at a later turn boundary, possibly by
 another daemon after a restart, so its whole state lives in this row rather than in memory:

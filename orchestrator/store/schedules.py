@@ -1,4 +1,4 @@
-"""The ``schedules`` and ``dispatches`` tables: heartbeats and schedules (SPEC.md §7, issue 8).
+"""The ``schedules`` and ``dispatches`` tables: heartbeats and schedules (docs/spec.md §7, issue 8).
 
 A schedule is a prompt put into a session when its spec (``orchestrator/control/timespec.py``)
 fires. ``source`` says who made it: ``user`` (``prime-agent schedule add``), ``heartbeat``
@@ -93,7 +93,7 @@ LIVE_STATUSES: Final[tuple[ScheduleStatus, ...]] = ("active", "paused")
 
 ScheduleSource = Literal["user", "heartbeat", "rlm_heartbeat"]
 SCHEDULE_SOURCES: Final[tuple[ScheduleSource, ...]] = get_args(ScheduleSource)
-# An active schedule of these sources keeps its session loaded (SPEC.md §4, idle unload).
+# An active schedule of these sources keeps its session loaded (docs/spec.md §4, idle unload).
 HEARTBEAT_SOURCES: Final[tuple[ScheduleSource, ...]] = ("heartbeat", "rlm_heartbeat")
 
 Delivery = Literal["steer", "follow_up"]

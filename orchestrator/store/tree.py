@@ -1,4 +1,4 @@
-"""The session tree (DESIGN.md §3, docs/tree.md): leaf pointers, branch, fork, clone, listing.
+"""The session tree (docs/tree.md): leaf pointers, branch, fork, clone, listing.
 
 Every event has a parent event (``events.parent_event_id``; NULL for a root) and the session's
 ``sessions.leaf_event_id`` names the end of its active path. Nothing here deletes or rewrites an

@@ -1,4 +1,4 @@
-"""Sandboxes outlive a daemon crash and the restarted daemon adopts them (SPEC.md §4, R2, R8).
+"""Sandboxes outlive a daemon crash and the restarted daemon adopts them (docs/spec.md §4, R2, R8).
 
 Real processes all the way: the daemon (``prime-agent daemon start``), nats-server, kernel
 gateways and kernels (or containers), the DuckDB file and the scripted model over HTTP.

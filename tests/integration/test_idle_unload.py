@@ -1,4 +1,4 @@
-"""Idle unload (SPEC.md §4) with real kernels and the scripted model, in process.
+"""Idle unload (docs/spec.md §4) with real kernels and the scripted model, in process.
 
 - A root and its finished child, quiet for ``idle_unload_seconds``: both are snapshotted (the
   debounce is far away: the unload takes its own snapshot), their sandboxes stop, the root

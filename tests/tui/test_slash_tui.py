@@ -75,5 +75,5 @@ async def test_slash_commands_typed_in_the_chat(daemon: Path, project: Path) -> 
 
         await pilot.press(*"/agents", "enter")
         await until(pilot, lambda: isinstance(app.screen, AgentsScreen))
-        # Opening the fork's chat attached it, which woke it (SPEC.md §4): both are idle.
+        # Opening the fork's chat attached it, which woke it (docs/spec.md §4): both are idle.
         await until(pilot, lambda: "Idle (2)" in screen_text(pilot))

@@ -1,4 +1,4 @@
-"""Goals on a real DuckDB store without kernels (SPEC.md §7, docs/control.md).
+"""Goals on a real DuckDB store without kernels (docs/spec.md §7, docs/control.md).
 
 The rules of ``orchestrator/control/goals.py``: at most one open goal per session, the
 continuation after each turn (objective as escaped data, status, budget) until

@@ -1,5 +1,6 @@
 """The TUI talks to the daemon only through the control API: ``tui/`` imports
-``orchestrator.api`` and nothing else of the orchestrator (docs/tui.md, DESIGN.md §5)."""
+``orchestrator.api`` and nothing else of the orchestrator (docs/tui.md;
+docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
--- 0001: the first schema (DESIGN.md §3). Applied inside one transaction by
+-- 0001: the first schema (docs/design.md, "State and storage"). Applied inside one transaction by
 -- orchestrator/store/migrate.py, which then records version 1 in schema_version.
 -- Timestamps are UTC without a zone; the store converts at its boundary.
 

@@ -1,4 +1,4 @@
--- 0003: sandboxes that outlive the daemon (SPEC.md §4, R2, R8). One row per live sandbox the
+-- 0003: sandboxes that outlive the daemon (docs/spec.md §4, R2, R8). One row per live sandbox the
 -- daemon started (die_with_parent off): written when it starts, deleted when it stops. A
 -- restarted daemon adopts each row whose session is not terminal and removes the rest.
 -- session_id is the session's id, or "pool" for an idle warm-pool sandbox (never adopted).

@@ -1,4 +1,4 @@
--- 0005: the Continual Harness (SPEC.md §6, issue 7, docs/harness.md).
+-- 0005: the Continual Harness (docs/spec.md §6, issue 7, docs/harness.md).
 --
 -- harness_versions is append-only: every create, update and delete of an entry is one row, a
 -- delete being a tombstone (deleted = TRUE, the last content kept). harness_entries is the head

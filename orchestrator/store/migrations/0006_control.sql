@@ -1,4 +1,4 @@
--- 0006: long-horizon controls (SPEC.md §7, issue 8, docs/control.md): autonomous runs, goals,
+-- 0006: long-horizon controls (docs/spec.md §7, issue 8, docs/control.md): autonomous runs, goals,
 -- schedules (heartbeats) with their claimed dispatches, evaluation results.
 
 -- One row per session in autonomous mode. policy: AutonomousPolicy as JSON (gates, limits,
