@@ -218,9 +218,12 @@ def host_hierarchies() -> list[Hierarchy]:
 
 
 def read_controllers(path: Path) -> frozenset[str]:
-    """A ``cgroup.controllers`` / ``cgroup.subtree_control`` file as a set; empty if absent."""
+    """A ``cgroup.controllers`` / ``cgroup.subtree_control`` file as a set; empty if absent.
+
+    A leading ``+`` is dropped: the kernel never shows one, but a tree laid out in plain files
+    (the unit tests) keeps what was written to ``cgroup.subtree_control``."""
     try:
-        return frozenset(path.read_text().split())
+        return frozenset(word.lstrip("+") for word in path.read_text().split())
     except OSError:
         return frozenset()
 

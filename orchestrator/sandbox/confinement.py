@@ -74,6 +74,8 @@ US_PER_S: Final = 1_000_000
 # remove(): how long to wait for the group's processes to die, and the poll interval.
 REMOVE_TIMEOUT_S: Final = 10.0
 REMOVE_POLL_S: Final = 0.02
+# sweep() leaves a group younger than this alone (made, its child not started yet).
+SWEEP_MIN_AGE_S: Final = 60.0
 PROCS_FILE: Final = "cgroup.procs"
 KILL_FILE: Final = "cgroup.kill"  # v2 on Linux >= 5.14: kills the whole group at once
 JOIN_SELF: Final = b"0"  # written to cgroup.procs: "the writing process"
@@ -206,9 +208,14 @@ class Confinement:
             if kill_file.exists():
                 with contextlib.suppress(OSError):
                     kill_file.write_text("1")
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        # A process forked after our read shows up in the next one; a killed process cannot
+        # fork any more, so the passes end once a read finds no process not yet killed.
+        killed: set[int] = set()
+        while fresh := set(self.pids()) - killed:
+            for pid in fresh:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= fresh
 
     def remove(self, timeout_s: float = REMOVE_TIMEOUT_S) -> None:
         """Kill every process in the group, wait until it is empty, remove its directories.
@@ -480,7 +487,7 @@ def _confine_rlimits(name: str, limits: ResourceLimits, *, uid: int, why: str) -
     rlimits: list[tuple[int, int]] = []
     if limits.memory_bytes is not None:
         rlimits.append((resource.RLIMIT_AS, limits.memory_bytes))
-        notes.append("memory via RLIMIT_AS only (address space, not resident memory)")
+        notes.append("memory via RLIMIT_AS only (address space per process, not the tree's memory)")
     if limits.pids is not None:
         _pids_by_rlimit(limits.pids, uid, rlimits, missing, notes, "")
     if limits.cpus is not None:
@@ -580,11 +587,15 @@ def reopen(record: str) -> Confinement | None:
     )
 
 
-def sweep(hierarchies: Sequence[Hierarchy] | None = None) -> list[Path]:
-    """Remove empty leftover sandbox groups under our ``prime-agent`` parent in every tree
-    (a group with processes is some live sandbox's and is kept); returns those removed."""
+def sweep(
+    hierarchies: Sequence[Hierarchy] | None = None, *, min_age_s: float = SWEEP_MIN_AGE_S
+) -> list[Path]:
+    """Remove empty leftover sandbox groups under our ``prime-agent`` parents in every tree;
+    returns those removed. Kept: a group with processes (a live sandbox's) and one younger
+    than ``min_age_s`` (another daemon may have just made it and not yet started its child)."""
     found = cgroupfs.host_hierarchies() if hierarchies is None else list(hierarchies)
     removed: list[Path] = []
+    now = time.time()
     for parent in cgroup_layout.parents(found, euid=os.geteuid()):
         try:
             children = [entry for entry in parent.iterdir() if entry.is_dir()]
@@ -592,6 +603,11 @@ def sweep(hierarchies: Sequence[Hierarchy] | None = None) -> list[Path]:
             continue
         for child in children:
             if cgroupfs.read_pids(child / PROCS_FILE):
+                continue
+            try:
+                if now - child.stat().st_mtime < min_age_s:
+                    continue
+            except OSError:
                 continue
             try:
                 child.rmdir()
