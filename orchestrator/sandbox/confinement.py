@@ -42,7 +42,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from orchestrator.sandbox import cgroup_layout, cgroupfs
+from orchestrator.sandbox import cgroup_layout, cgroupfs, systemd_scope
 from orchestrator.sandbox.base import ResourceLimits
 from orchestrator.sandbox.cgroupfs import Hierarchy
 
@@ -70,6 +70,7 @@ CPUS: Final = "cpus"
 CFS_PERIOD_US: Final = 100_000
 CFS_MIN_QUOTA_US: Final = 1_000
 NS_PER_S: Final = 1_000_000_000
+V1_UNLIMITED: Final = -1  # what a v1 limit file takes for "no limit"
 US_PER_S: Final = 1_000_000
 # remove(): how long to wait for the group's processes to die, and the poll interval.
 REMOVE_TIMEOUT_S: Final = 10.0
@@ -172,24 +173,20 @@ class Confinement:
     def usage(self) -> LimitUsage:
         """Memory in use, its limit, and cpu time spent by the group (None where unknown)."""
         if self.kind == "systemd-scope":
-            from orchestrator.sandbox import systemd_scope
-
-            return systemd_scope.usage(self._scope_unit, user=self._scope_user)
-        memory = limit = None
-        cpu: float | None = None
-        if self._memory_usage_file is not None:
-            memory = cgroupfs.read_int(self._memory_usage_file)
-        if self._memory_limit_file is not None:
-            limit = cgroupfs.read_int(self._memory_limit_file)
-        if self._cpu_usage_file is not None:
-            cpu = _cpu_seconds(self._cpu_usage_file)
-        return LimitUsage(memory_bytes=memory, memory_limit_bytes=limit, cpu_seconds=cpu)
+            memory, limit, cpu = systemd_scope.usage(self._scope_unit, user=self._scope_user)
+            return LimitUsage(memory_bytes=memory, memory_limit_bytes=limit, cpu_seconds=cpu)
+        files = (self._memory_usage_file, self._memory_limit_file)
+        memory, limit = (None if f is None else cgroupfs.read_int(f) for f in files)
+        cpu_file = self._cpu_usage_file
+        return LimitUsage(
+            memory_bytes=memory,
+            memory_limit_bytes=limit,
+            cpu_seconds=None if cpu_file is None else _cpu_seconds(cpu_file),
+        )
 
     def pids(self) -> list[int]:
         """Every process in the group (cgroup kinds and a scope; empty for rlimits)."""
         if self.kind == "systemd-scope":
-            from orchestrator.sandbox import systemd_scope
-
             return systemd_scope.pids(self._scope_unit, user=self._scope_user)
         found: set[int] = set()
         for group in self.groups:
@@ -199,8 +196,6 @@ class Confinement:
     def kill_all(self) -> None:
         """SIGKILL every process in the group (a no-op for rlimits: there is no group)."""
         if self.kind == "systemd-scope":
-            from orchestrator.sandbox import systemd_scope
-
             systemd_scope.kill(self._scope_unit, user=self._scope_user)
             return
         for group in self.groups:
@@ -225,8 +220,6 @@ class Confinement:
         Blocks up to ``timeout_s``; call it from a worker thread in async code.
         """
         if self.kind == "systemd-scope":
-            from orchestrator.sandbox import systemd_scope
-
             systemd_scope.stop(self._scope_unit, user=self._scope_user)
             return
         if not self.groups:
@@ -327,11 +320,12 @@ def confine(
         reasons.append("none mounted")
     elif v2 is None and v1_memory is None:
         reasons.append("no memory controller mounted")
-    from orchestrator.sandbox import systemd_scope
-
     use_scope = systemd_scope.available() if systemd is None else systemd
     if use_scope:
-        return systemd_scope.confinement(name, group_name, limits)
+        argv, unit, user = systemd_scope.scope_argv(group_name, limits)
+        return Confinement(
+            name=name, kind="systemd-scope", argv_prefix=argv, scope_unit=unit, scope_user=user
+        )
     return _confine_rlimits(name, limits, uid=uid, why="; ".join(reasons))
 
 
@@ -377,8 +371,12 @@ def _confine_v1(
     cpu_usage: Path | None = None
     try:
         if limits.memory_bytes is not None:
-            _write(memory_dir / "memory.limit_in_bytes", limits.memory_bytes)
+            # memsw (memory + swap) may never be below the memory limit: lift it first, so
+            # that a reused group with other limits takes the new ones in any order.
             memsw = memory_dir / "memory.memsw.limit_in_bytes"
+            if memsw.exists():
+                _write(memsw, V1_UNLIMITED)
+            _write(memory_dir / "memory.limit_in_bytes", limits.memory_bytes)
             if memsw.exists():
                 _write(memsw, limits.memory_bytes)
             else:
@@ -567,11 +565,10 @@ def reopen(record: str) -> Confinement | None:
     groups = tuple(Path(group) for group in data.groups)
     if data.kind in ("cgroup-v1", "cgroup-v2") and not all(group.is_dir() for group in groups):
         return None
-    if data.kind == "systemd-scope":
-        from orchestrator.sandbox import systemd_scope
-
-        if not systemd_scope.exists(data.scope_unit, user=data.scope_user):
-            return None
+    if data.kind == "systemd-scope" and not systemd_scope.exists(
+        data.scope_unit, user=data.scope_user
+    ):
+        return None
     return Confinement(
         name=data.name,
         kind=data.kind,

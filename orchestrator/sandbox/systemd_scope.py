@@ -21,9 +21,8 @@ from typing import Final
 
 from orchestrator.sandbox import cgroupfs
 from orchestrator.sandbox.base import ResourceLimits
-from orchestrator.sandbox.confinement import Confinement, LimitUsage
 
-__all__ = ["available", "confinement", "exists", "kill", "pids", "stop", "usage"]
+__all__ = ["available", "exists", "kill", "pids", "scope_argv", "stop", "usage"]
 
 SYSTEMD_RUN: Final = "systemd-run"
 SYSTEMCTL: Final = "systemctl"
@@ -48,7 +47,9 @@ def available() -> bool:
     )
 
 
-def confinement(name: str, group_name: str, limits: ResourceLimits) -> Confinement:
+def scope_argv(group_name: str, limits: ResourceLimits) -> tuple[list[str], str, bool]:
+    """The ``systemd-run`` prefix for ``limits``, the scope's unit name, and whether it is the
+    user's manager's (not root) or the system's (root)."""
     user = os.geteuid() != 0
     unit = f"{UNIT_PREFIX}{group_name}"
     argv = [SYSTEMD_RUN, *(["--user"] if user else []), "--scope", "--quiet", "--collect"]
@@ -60,13 +61,7 @@ def confinement(name: str, group_name: str, limits: ResourceLimits) -> Confineme
     if limits.cpus is not None:
         argv += ["-p", f"CPUQuota={round(limits.cpus * PERCENT)}%"]
     argv.append("--")
-    return Confinement(
-        name=name,
-        kind="systemd-scope",
-        argv_prefix=argv,
-        scope_unit=unit + SCOPE_SUFFIX,
-        scope_user=user,
-    )
+    return argv, unit + SCOPE_SUFFIX, user
 
 
 def _systemctl(*args: str, user: bool) -> str:
@@ -92,13 +87,14 @@ def _int(text: str | None) -> int | None:
     return int(text) if text is not None and text.isdigit() else None
 
 
-def usage(unit: str, *, user: bool) -> LimitUsage:
+def usage(unit: str, *, user: bool) -> tuple[int | None, int | None, float | None]:
+    """The scope's memory in use, its memory limit, and its cpu seconds (None: unknown)."""
     shown = _show(unit, "MemoryCurrent", "MemoryMax", "CPUUsageNSec", user=user)
     cpu_ns = _int(shown.get("CPUUsageNSec"))
-    return LimitUsage(
-        memory_bytes=_int(shown.get("MemoryCurrent")),
-        memory_limit_bytes=_int(shown.get("MemoryMax")),
-        cpu_seconds=None if cpu_ns is None else cpu_ns / NS_PER_S,
+    return (
+        _int(shown.get("MemoryCurrent")),
+        _int(shown.get("MemoryMax")),
+        None if cpu_ns is None else cpu_ns / NS_PER_S,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SandboxStartError
-from orchestrator.sandbox import cgroup_layout, cgroupfs, systemd_scope
+from orchestrator.sandbox import cgroup_layout, cgroupfs
 from orchestrator.sandbox.base import ResourceLimits
 from orchestrator.sandbox.cgroupfs import Hierarchy
 from orchestrator.sandbox.confinement import confine, reopen
@@ -264,7 +264,6 @@ def test_group_names_are_made_safe() -> None:
         cgroup_layout.group_name("../")
 
 
-def test_reopen_of_an_unreadable_or_vanished_record_is_none(tmp_path: Path) -> None:
+def test_reopen_of_an_unreadable_or_vanished_record_is_none() -> None:
     assert reopen("not json") is None
     assert reopen('{"name": "x", "kind": "cgroup-v1", "groups": ["/nonexistent/x"]}') is None
-    assert systemd_scope.SCOPE_SUFFIX == ".scope"
