@@ -35,13 +35,14 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from orchestrator.errors import SandboxStartError
 from orchestrator.sandbox import cgroup_layout, cgroupfs, systemd_scope
 from orchestrator.sandbox.base import ResourceLimits
 from orchestrator.sandbox.cgroupfs import Hierarchy
@@ -361,48 +362,61 @@ def _confine_v1(
             with contextlib.suppress(OSError):
                 directory.rmdir()
 
+    try:
+        return _limit_v1(name, limits, uid, group_for, made)
+    except SandboxStartError:  # a group of that name is busy: leave none of ours behind
+        undo()
+        raise
+    except OSError as exc:
+        undo()
+        reasons.append(f"cannot set cgroup v1 limits ({exc.strerror or exc})")
+        return None
+
+
+def _limit_v1(
+    name: str,
+    limits: ResourceLimits,
+    uid: int,
+    group_for: Callable[[str], Path | None],
+    made: list[Path],
+) -> Confinement | None:
+    """Write the v1 limits into the groups ``group_for`` makes; OSError when one will not."""
     memory_dir = group_for("memory")
     if memory_dir is None:
-        undo()
         return None
     notes: list[str] = []
     missing: list[str] = []
     rlimits: list[tuple[int, int]] = []
     cpu_usage: Path | None = None
-    try:
-        if limits.memory_bytes is not None:
-            # memsw (memory + swap) may never be below the memory limit: lift it first, so
-            # that a reused group with other limits takes the new ones in any order.
-            memsw = memory_dir / "memory.memsw.limit_in_bytes"
-            if memsw.exists():
-                _write(memsw, V1_UNLIMITED)
-            _write(memory_dir / "memory.limit_in_bytes", limits.memory_bytes)
-            if memsw.exists():
-                _write(memsw, limits.memory_bytes)
-            else:
-                notes.append("no swap accounting: swap not limited")
-        if limits.pids is not None:
-            pids_dir = group_for("pids")
-            if pids_dir is not None:
-                _write(pids_dir / "pids.max", limits.pids)
-            else:
-                _pids_by_rlimit(limits.pids, uid, rlimits, missing, notes, "no pids cgroup")
-        if limits.cpus is not None:
-            cpu_dir = group_for("cpu")
-            if cpu_dir is not None:
-                _write(cpu_dir / "cpu.cfs_period_us", CFS_PERIOD_US)
-                quota = max(CFS_MIN_QUOTA_US, round(limits.cpus * CFS_PERIOD_US))
-                _write(cpu_dir / "cpu.cfs_quota_us", quota)
-            else:
-                missing.append(CPUS)
-                notes.append("no cpu limit (no cpu cgroup)")
-        acct_dir = group_for("cpuacct")
-        if acct_dir is not None:
-            cpu_usage = acct_dir / "cpuacct.usage"
-    except OSError as exc:
-        undo()
-        reasons.append(f"cannot set cgroup v1 limits ({exc.strerror or exc})")
-        return None
+    if limits.memory_bytes is not None:
+        # memsw (memory + swap) may never be below the memory limit: lift it first, so
+        # that a reused group with other limits takes the new ones in any order.
+        memsw = memory_dir / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            _write(memsw, V1_UNLIMITED)
+        _write(memory_dir / "memory.limit_in_bytes", limits.memory_bytes)
+        if memsw.exists():
+            _write(memsw, limits.memory_bytes)
+        else:
+            notes.append("no swap accounting: swap not limited")
+    if limits.pids is not None:
+        pids_dir = group_for("pids")
+        if pids_dir is not None:
+            _write(pids_dir / "pids.max", limits.pids)
+        else:
+            _pids_by_rlimit(limits.pids, uid, rlimits, missing, notes, "no pids cgroup")
+    if limits.cpus is not None:
+        cpu_dir = group_for("cpu")
+        if cpu_dir is not None:
+            _write(cpu_dir / "cpu.cfs_period_us", CFS_PERIOD_US)
+            quota = max(CFS_MIN_QUOTA_US, round(limits.cpus * CFS_PERIOD_US))
+            _write(cpu_dir / "cpu.cfs_quota_us", quota)
+        else:
+            missing.append(CPUS)
+            notes.append("no cpu limit (no cpu cgroup)")
+    acct_dir = group_for("cpuacct")
+    if acct_dir is not None:
+        cpu_usage = acct_dir / "cpuacct.usage"
     return Confinement(
         name=name,
         kind="cgroup-v1",
@@ -554,8 +568,8 @@ def _write(path: Path, value: int) -> None:
 
 def reopen(record: str) -> Confinement | None:
     """The confinement ``record`` describes, if its group still exists (after a daemon kill
-    -9); None when it is gone or the record is unreadable. An rlimit record has no group and
-    always reopens (its limits live on in the processes)."""
+    -9); None when it is gone (every directory of it) or the record is unreadable. An rlimit
+    record has no group and always reopens (its limits live on in the processes)."""
     try:
         data = ConfinementRecord.model_validate_json(record)
     except ValidationError:
@@ -563,7 +577,8 @@ def reopen(record: str) -> Confinement | None:
     if data.version != RECORD_VERSION:
         return None
     groups = tuple(Path(group) for group in data.groups)
-    if data.kind in ("cgroup-v1", "cgroup-v2") and not all(group.is_dir() for group in groups):
+    # One group left of several (a remove cut short) still reopens, so remove can finish.
+    if data.kind in ("cgroup-v1", "cgroup-v2") and not any(group.is_dir() for group in groups):
         return None
     if data.kind == "systemd-scope" and not systemd_scope.exists(
         data.scope_unit, user=data.scope_user

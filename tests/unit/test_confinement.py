@@ -8,6 +8,7 @@ tests/integration/test_confinement.py); see docs/limits.md.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from pathlib import Path
@@ -267,3 +268,14 @@ def test_group_names_are_made_safe() -> None:
 def test_reopen_of_an_unreadable_or_vanished_record_is_none() -> None:
     assert reopen("not json") is None
     assert reopen('{"name": "x", "kind": "cgroup-v1", "groups": ["/nonexistent/x"]}') is None
+
+
+def test_reopen_finds_a_group_with_some_directories_left(tmp_path: Path) -> None:
+    left = tmp_path / "pids-group"
+    left.mkdir()
+    gone = tmp_path / "memory-group-gone"
+    record = json.dumps({"name": "x", "kind": "cgroup-v1", "groups": [str(gone), str(left)]})
+    again = reopen(record)
+    assert again is not None and again.groups == (gone, left)
+    again.remove()  # what a cut-short remove left, removed now
+    assert not left.exists()
