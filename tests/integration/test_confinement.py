@@ -304,6 +304,13 @@ def test_a_group_name_in_use_is_refused(confined: Confinement, trees: list[Hiera
     _ended(child)
 
 
+def test_a_child_that_cannot_join_its_group_does_not_start(trees: list[Hierarchy]) -> None:
+    made = confine("sbx-gone", LIMITS, uid=SANDBOX_UID, hierarchies=trees)
+    made.remove()  # the group is gone before the child starts
+    with pytest.raises(subprocess.SubprocessError, match="preexec"):
+        _start(made, SLEEPER)
+
+
 def test_sweep_removes_empty_leftovers_only(trees: list[Hierarchy]) -> None:
     live = confine("sbx-live", LIMITS, uid=SANDBOX_UID, hierarchies=trees)
     left = confine("sbx-left", LIMITS, uid=SANDBOX_UID, hierarchies=trees)
