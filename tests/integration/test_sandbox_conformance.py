@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from tests.helpers import need
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -58,7 +59,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBacken
     else:
         why = docker_ready()
         if why is not None:
-            pytest.skip(f"docker: {why}")
+            need("docker", why)
         from orchestrator.sandbox.docker import DockerBackend
 
         b = DockerBackend(pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
