@@ -416,3 +416,62 @@ async def test_stop_kills_everything_in_the_sandbox(backend: BwrapBackend, tmp_p
     assert not any(pid_alive(p) for p in processes + inside)
     assert runtime_dir is not None and not runtime_dir.exists()
     assert not await sb.is_alive()
+
+
+async def test_skills_are_importable_and_read_only(backend: BwrapBackend, tmp_path: Path) -> None:
+    from orchestrator.sandbox.confined import CONTAINER_SKILLS_DIR
+    from tests.integration.test_skills_sandbox import (
+        CHILD_CELL,
+        EROFS,
+        IMPORT_CELL,
+        IMPORT_NAME,
+        SKILL_NAME,
+        make_fixture_skill,
+    )
+
+    skill_dir = make_fixture_skill(tmp_path / "skills")
+    # Writable for everyone on the host: only the read-only bind can refuse the write below.
+    (skill_dir / IMPORT_NAME / "__init__.py").chmod(0o666)
+    sb = await backend.create(_spec(tmp_path, "skills", skill_dirs=(skill_dir,)))
+    try:
+        assert (await sb.execute(IMPORT_CELL, timeout_s=60, cell_id="a")).result == "42"
+        assert (await _run(sb, CHILD_CELL, "b")).strip() == "8"
+        target = f"{CONTAINER_SKILLS_DIR}/{SKILL_NAME}/{IMPORT_NAME}/__init__.py"
+        out = await _run(
+            sb,
+            f"try:\n    open({target!r}, 'a').write('x')\n    print('written')\n"
+            "except OSError as exc:\n    print('refused', exc.errno)\n",
+            "c",
+        )
+        assert out.strip() == f"refused {EROFS}"
+    finally:
+        await sb.stop()
+
+
+async def test_orchestrator_dirs_inside_the_workspace_are_hidden(
+    backend: BwrapBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = _spec(tmp_path, "hidden")
+    data = spec.cwd / ".data" / "prime-agent"
+    data.mkdir(parents=True)
+    (data / "store.duckdb").write_text("the store")
+    (spec.cwd / "project.txt").write_text("the project")
+    monkeypatch.setenv("XDG_DATA_HOME", str(spec.cwd / ".data"))
+    sb = await backend.create(spec)
+    try:
+        out = await _run(
+            sb,
+            "import os\n"
+            "def can(what, *args):\n"
+            "    try:\n"
+            "        what(*args)\n"
+            "        return True\n"
+            "    except OSError:\n"
+            "        return False\n"
+            "print(can(open, '.data/prime-agent/store.duckdb'), open('project.txt').read())\n"
+            "print(can(open, '.data/prime-agent/x', 'w'), os.path.isdir('.data/prime-agent'))\n",
+        )
+        assert out.strip().splitlines() == ["False the project", "False True"]
+    finally:
+        await sb.stop()
+    assert sorted(os.listdir(data)) == ["store.duckdb"]
