@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -134,6 +135,7 @@ __all__ = [
     "BwrapSandbox",
     "bwrap_path",
     "owned_sandboxes",
+    "owner_mark",
     "sweep_stale",
 ]
 
@@ -162,12 +164,23 @@ USR_PREFIX: Final = "/usr"
 ROOT_UID: Final = 0
 STOP_POLL_S: Final = 0.02
 POOL_SESSION_ID: Final = "pool"
+OWNER_MARK_PREFIX: Final = "bwrap:"
+OWNER_MARK_HEX: Final = 32
 
 # Linux mount(2)/unshare(2) flags (<sys/mount.h>, <sched.h>) for the root-only bind staging.
 CLONE_NEWNS: Final = 0x00020000
 MS_BIND: Final = 4096
 MS_REC: Final = 16384
 MS_SLAVE: Final = 1 << 19
+
+
+def owner_mark(owner: str) -> str:
+    """The value of ``OWNER_ENV`` on a bwrap process of the daemon on socket ``owner``.
+
+    A digest, not the path: the sandbox's pid 1 is a fork of bwrap, so its environment (and
+    with it the mark) can be read from inside (``/proc/1/environ``). It also keeps the local
+    backend's scan (``local.owned_gateways``, the raw path) from taking a bwrap for its own."""
+    return OWNER_MARK_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:OWNER_MARK_HEX]
 
 
 def bwrap_path() -> str | None:
@@ -308,7 +321,7 @@ def _runtime_dir_of(argv: list[bytes]) -> str | None:
 def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
     """Running bwrap sandboxes whose bwrap process carries ``OWNER_ENV=owner`` in its
     environment, with their runtime dirs (``remove_unknown``, ``prime-agent doctor``)."""
-    marker = f"{OWNER_ENV}={owner}".encode()
+    marker = f"{OWNER_ENV}={owner_mark(owner)}".encode()
     found = []
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not name.isdigit():
@@ -567,7 +580,7 @@ class BwrapSandbox(Sandbox):
             "PYTHONPATH": SOURCE_ROOT,
         }
         if self.backend.owner:
-            env[OWNER_ENV] = self.backend.owner
+            env[OWNER_ENV] = owner_mark(self.backend.owner)
         return env
 
     def _plan(
