@@ -493,3 +493,26 @@ async def test_orchestrator_dirs_inside_the_workspace_are_hidden(
     finally:
         await sb.stop()
     assert sorted(os.listdir(data)) == ["store.duckdb"]
+
+
+async def test_a_killed_sandbox_is_reported_lost_and_still_cleaned_up(
+    backend: BwrapBackend, tmp_path: Path
+) -> None:
+    from orchestrator.errors import KernelDied
+
+    sb = await backend.create(_spec(tmp_path, "killed"))
+    try:
+        assert sb.init is not None and sb.child is not None
+        os.kill(sb.init.pid, signal.SIGKILL)  # the whole pid namespace goes with it
+        _all_gone([sb.init.pid])
+        from orchestrator.procs import ChildProcess
+
+        assert isinstance(sb.child, ChildProcess)
+        await asyncio.wait_for(sb.child.proc.wait(), GONE_TIMEOUT_S)  # bwrap exits with it
+        with pytest.raises(KernelDied, match="bwrap sandbox"):
+            await sb.execute("1", timeout_s=30, cell_id="after")
+        assert not await sb.is_alive()
+    finally:
+        runtime_dir = sb.runtime_dir
+        await sb.stop()
+    assert runtime_dir is not None and not runtime_dir.exists()
