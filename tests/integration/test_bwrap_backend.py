@@ -516,3 +516,34 @@ async def test_a_killed_sandbox_is_reported_lost_and_still_cleaned_up(
         runtime_dir = sb.runtime_dir
         await sb.stop()
     assert runtime_dir is not None and not runtime_dir.exists()
+
+
+async def test_a_start_that_times_out_leaves_nothing(
+    bwrap_here: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gateway needs about a second to print its ready line: a start given a tenth of that
+    # gives up with the sandbox already running. It must not outlive the failed start, even
+    # though it was not started to die with its owner.
+    from orchestrator.sandbox import bwrap
+
+    seen: dict[str, Any] = {}
+    start = bwrap.BwrapSandbox.start
+
+    async def watched(self: BwrapSandbox) -> None:
+        try:
+            await start(self)
+        finally:  # before create's teardown: what ran, and where
+            assert self.runtime_dir is not None and self.child is not None
+            seen.update(dir=self.runtime_dir, bwrap=self.child.pid)
+            seen["init"] = bwrap._read_info(self.runtime_dir)
+
+    monkeypatch.setattr(bwrap.BwrapSandbox, "start", watched)
+    b = BwrapBackend(start_timeout_s=0.1)
+    try:
+        with pytest.raises(SandboxStartError, match="did not (become ready|start within)"):
+            await b.create(_spec(tmp_path, "slow", die_with_parent=False))
+    finally:
+        await b.close()
+    assert seen["init"] is not None  # the sandbox was running
+    assert not pid_alive(seen["bwrap"]) and not pid_alive(seen["init"])
+    assert not seen["dir"].exists()
