@@ -540,7 +540,7 @@ async def test_a_start_that_times_out_leaves_nothing(
     monkeypatch.setattr(bwrap.BwrapSandbox, "start", watched)
     b = BwrapBackend(start_timeout_s=0.1)
     try:
-        with pytest.raises(SandboxStartError, match="did not (become ready|start within)"):
+        with pytest.raises(SandboxStartError, match=r"did not (become ready|start within)"):
             await b.create(_spec(tmp_path, "slow", die_with_parent=False))
     finally:
         await b.close()
