@@ -41,6 +41,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -148,6 +149,8 @@ DEFAULT_CPUS: Final = SANDBOX_CPUS
 DEFAULT_PIDS_LIMIT: Final = SANDBOX_PIDS_LIMIT
 TOKEN_BYTES: Final = 32
 RUNTIME_DIR_PREFIX: Final = "prime-agent-bwr-"
+# The runtime dirs' parent when the temp dir is closed to the sandbox's user (``runtime_base``).
+FALLBACK_RUNTIME_BASE: Final = Path("/tmp")
 # Searchable, not listable: the unprivileged bwrap reaches its socket, outputs and stage dirs
 # by name; the private files in it (info, log, limits record) are 0600.
 RUNTIME_DIR_MODE: Final = 0o711
@@ -272,14 +275,35 @@ def _read_info(runtime_dir: Path) -> int | None:
         return None
 
 
+def runtime_base() -> Path:
+    """Where this process puts its sandboxes' runtime dirs: the temp dir, unless we are root and
+    some directory on its path is closed to other users (a private ``TMPDIR`` such as
+    pam_tmpdir's ``/tmp/user/0``, or the bench's 0700 temp dir); the unprivileged bwrap opens its
+    socket, outputs and stage dirs by path, so it must be able to pass through every ancestor.
+    Then ``FALLBACK_RUNTIME_BASE`` (world-searchable and sticky on every Linux)."""
+    temp = Path(tempfile.gettempdir()).resolve()
+    if os.getuid() != ROOT_UID or _searchable_by_everyone(temp):
+        return temp
+    return FALLBACK_RUNTIME_BASE
+
+
+def _searchable_by_everyone(path: Path) -> bool:
+    for directory in (path, *path.parents):
+        try:
+            if not directory.stat().st_mode & stat.S_IXOTH:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _own_runtime_dir(recorded: str) -> Path | None:
-    """``recorded`` when it is one of our runtime dirs (a direct child of the temp dir with our
+    """``recorded`` when it is one of our runtime dirs (a direct child of ``runtime_base()`` with our
     prefix), else None: a path read back from the database is never removed blindly."""
     if not recorded:
         return None
     path = Path(recorded)
-    temp = Path(tempfile.gettempdir()).resolve()
-    if path.parent.resolve() != temp or not path.name.startswith(RUNTIME_DIR_PREFIX):
+    if path.parent.resolve() != runtime_base() or not path.name.startswith(RUNTIME_DIR_PREFIX):
         return None
     return path
 
@@ -316,7 +340,7 @@ def _find_init(runtime_dir: Path) -> proctree.ProcInfo | None:
 
 def _runtime_dir_of(argv: list[bytes]) -> str | None:
     """The runtime dir named on a bwrap command line (the parent of its outputs bind)."""
-    temp = tempfile.gettempdir()
+    temp = str(runtime_base())
     for arg in argv:
         path = Path(os.fsdecode(arg))
         parent = path.parent
@@ -373,7 +397,7 @@ def sweep_stale() -> int:
     and nobody is left to remove its directory and cgroup), with its cgroup. Returns how many.
 
     A directory still being set up has no pid 1 recorded yet and is never touched."""
-    temp = Path(tempfile.gettempdir())
+    temp = runtime_base()
     running = _running_runtime_dirs()
     removed = 0
     for path in temp.glob(f"{RUNTIME_DIR_PREFIX}*"):
@@ -482,7 +506,7 @@ class BwrapSandbox(Sandbox):
         backend = self.backend
         spec = self.spec
         started = time.monotonic()
-        runtime_dir = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
+        runtime_dir = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX, dir=runtime_base()))
         self.runtime_dir = runtime_dir
         runtime_dir.chmod(RUNTIME_DIR_MODE)
         self.socket_dir.mkdir()
