@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,8 @@ async def start_child(
     what: str,
     ready_line: bool = True,
     umask: int | None = None,
+    preexec: Callable[[], None] | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> ChildProcess:
     """Start ``argv`` in a new session; return once it prints one JSON line on stdout.
 
@@ -137,9 +139,16 @@ async def start_child(
     checks readiness its own way. ``ready_timeout_s`` is then unused.
 
     ``umask``: the child's, when it must differ from ours (``file_modes.user_umask``).
+
+    ``preexec`` runs FIRST in the child between fork and exec (os calls only): the bwrap
+    backend joins a cgroup and sets rlimits there while still root, then drops to the sandbox's
+    uid. The parent-death signal is set after it, because a uid change clears it.
+    ``pass_fds``: descriptors the child inherits (bind sources opened by the parent).
     """
 
     def _preexec() -> None:  # runs in the child between fork and exec
+        if preexec is not None:
+            preexec()
         if die_with_parent:
             set_parent_death_signal(signal.SIGTERM)
         if umask is not None:
@@ -159,6 +168,7 @@ async def start_child(
             cwd=str(cwd) if cwd else None,
             start_new_session=True,
             preexec_fn=_preexec,
+            pass_fds=tuple(pass_fds),
             limit=READY_LINE_MAX_BYTES,
         )
     finally:

@@ -10,14 +10,31 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from orchestrator.errors import SandboxStartError
-from orchestrator.runtime.wire import ENV_NATS_URL
-from orchestrator.sandbox.base import SandboxSpec, checked_skill_dirs, with_import_path
+from orchestrator.sandbox.confined import (
+    CONTAINER_GATEWAY_RUNTIME,
+    CONTAINER_HOME,
+    CONTAINER_NATS_PORT,
+    CONTAINER_SKILLS_DIR,
+    CONTAINER_SOCKET_DIR,
+    GATEWAY_HOST_URL,
+    GATEWAY_SOCKET,
+    KERNEL_BASE_ENV,
+    NATS_SOCKET,
+    OUTPUTS_DIR_MODE,
+    SNAPSHOT_DIR_MODE,
+    SOCKET_DIR_MODE,
+    container_env,
+    gateway_command,
+    nats_target,
+    outputs_dir,
+    session_env,
+    skill_mount_point,
+    skill_mounts,
+)
 from orchestrator.sandbox.docker_owned import (
     LABEL_DAEMON,
     LABEL_HOST_DIR,
@@ -35,12 +52,12 @@ from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import SANDBOX_UID, container_user
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
 from orchestrator.sandbox.images import image_exists, image_hint
-from orchestrator.sandbox.output import ARTIFACT_SUBDIR
 
 if TYPE_CHECKING:
     from orchestrator.sandbox.docker import DockerSandbox
 
-__all__ = [
+__all__ = [  # the shared layout of confined.py is re-exported
+    "CONTAINER_GATEWAY_RUNTIME",
     "CONTAINER_HOME",
     "CONTAINER_NATS_PORT",
     "CONTAINER_SKILLS_DIR",
@@ -50,7 +67,9 @@ __all__ = [
     "GATEWAY_SOCKET",
     "KERNEL_BASE_ENV",
     "NATS_SOCKET",
+    "OUTPUTS_DIR_MODE",
     "SANDBOX_UID",
+    "SNAPSHOT_DIR_MODE",
     "SOCKET_DIR_MODE",
     "container_env",
     "nats_target",
@@ -70,68 +89,8 @@ TMPFS_TMP = "size=512m,mode=1777"
 # image directory's root-owned 0755 whatever the mode; any uid must be able to write HOME).
 TMPFS_HOME = "size=256m,mode=1777,uid={uid},gid={gid}"
 
-# Inside the container (images/session/Dockerfile).
-CONTAINER_HOME = "/home/sandbox"
-CONTAINER_SOCKET_DIR = "/run/prime-agent"
-CONTAINER_GATEWAY_RUNTIME = "/tmp/prime-agent-gateway"
-CONTAINER_NATS_PORT = 4222
+# The container's side of the sandbox layout (confined.py, shared with the bwrap backend).
 CONTAINER_PYTHON = "/opt/prime-agent/bin/python"
-# Python-backed skills: each skill directory read-only at CONTAINER_SKILLS_DIR/<its name>.
-CONTAINER_SKILLS_DIR = "/opt/prime-agent/skills"
-GATEWAY_SOCKET = "gateway.sock"
-NATS_SOCKET = "nats.sock"
-GATEWAY_HOST_URL = "http://localhost"  # Host header only: requests travel over the socket
-KERNEL_BASE_ENV = {
-    "HOME": CONTAINER_HOME,
-    "LANG": "C.UTF-8",
-    "USER": "sandbox",
-    "LOGNAME": "sandbox",
-    "TMPDIR": "/tmp",
-}
-SOCKET_DIR_MODE = 0o777  # the container's uid creates gateway.sock here; the parent is 0700
-SNAPSHOT_DIR_MODE = 0o777  # the container's uid writes snapshots here; the parent is 0700
-OUTPUTS_DIR_MODE = 0o777  # the container's uid writes cell outputs here; the parent is 0700
-
-
-def nats_target(env: Mapping[str, str]) -> tuple[str, int] | None:
-    url = env.get(ENV_NATS_URL, "")
-    if not url:
-        return None
-    parts = urlsplit(url)
-    if not parts.hostname:
-        return None
-    return parts.hostname, parts.port or CONTAINER_NATS_PORT
-
-
-def outputs_dir(runtime_dir: Path) -> Path:
-    """The container's cell-output directory on the host (``<runtime dir>/outputs``), mounted
-    at the same path inside: a path in a tool result opens on both sides (docs/sandbox.md)."""
-    return runtime_dir / ARTIFACT_SUBDIR
-
-
-def container_env(spec_env: Mapping[str, str]) -> dict[str, str]:
-    """The kernel's session env as seen inside: NATS through the in-container relay."""
-    env = dict(spec_env)
-    if ENV_NATS_URL in env:
-        env[ENV_NATS_URL] = f"nats://127.0.0.1:{CONTAINER_NATS_PORT}"
-    return env
-
-
-def skill_mount_point(directory: Path) -> str:
-    """Where a skill directory appears in the container."""
-    return f"{CONTAINER_SKILLS_DIR}/{directory.name}"
-
-
-def skill_mounts(skill_dirs: tuple[Path, ...]) -> dict[Path, str]:
-    """Host skill directory -> its path in the container (``SandboxStartError`` for one that is
-    missing: docker would create an empty directory in its place, or for two of one name)."""
-    mounts: dict[Path, str] = {}
-    for directory in checked_skill_dirs(skill_dirs):
-        inside = skill_mount_point(directory)
-        if inside in mounts.values():
-            raise SandboxStartError(f"two skill directories are named {directory.name}")
-        mounts[directory] = inside
-    return mounts
 
 
 def skill_mount_specs(skill_dirs: tuple[Path, ...]) -> list[Any]:
@@ -146,13 +105,6 @@ def skill_mount_specs(skill_dirs: tuple[Path, ...]) -> list[Any]:
         Mount(target=inside, source=str(directory), type="bind", read_only=True)
         for directory, inside in skill_mounts(skill_dirs).items()
     ]
-
-
-def session_env(spec: SandboxSpec) -> dict[str, str]:
-    """The kernel's session env inside (``container_env``), with the mounted skill directories
-    first on PYTHONPATH (also seen by the kernel's child processes)."""
-    entries = [skill_mount_point(directory) for directory in spec.skill_dirs]
-    return with_import_path(container_env(spec.env), entries)
 
 
 def gpu_requests(gpus: str) -> list[Any]:
@@ -170,20 +122,7 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
     """Create and start ``sandbox``'s container (docs/docker.md, "A container"); its id."""
     backend = sandbox.backend
     spec = sandbox.spec
-    command = [
-        CONTAINER_PYTHON,
-        "-P",
-        "-m",
-        "orchestrator.sandbox.gateway_main",
-        "--runtime-dir",
-        CONTAINER_GATEWAY_RUNTIME,
-        "--unix-socket",
-        f"{CONTAINER_SOCKET_DIR}/{GATEWAY_SOCKET}",
-        "--relay",
-        f"{CONTAINER_NATS_PORT}={CONTAINER_SOCKET_DIR}/{NATS_SOCKET}",
-    ]
-    for name in sorted(session_env(spec)):
-        command += ["--env-allow", name]
+    command = gateway_command(CONTAINER_PYTHON, list(session_env(spec)))
     # The workspace appears at the project's own path in every mode (paths in prompts mean
     # the same on both sides); in copy mode that path shows the private copy.
     workspace = str(spec.cwd)

@@ -80,7 +80,9 @@ __all__ = [
     "gateway_env",
     "kernel_env",
     "owned_gateways",
+    "read_ready_line",
     "session_env",
+    "tail_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,7 @@ def _relative_to_root(path: Path) -> str:
     return str(path.resolve()).lstrip("/")
 
 
-def _tail(path: Path, max_bytes: int = STDERR_TAIL_BYTES) -> str:
+def tail_text(path: Path, max_bytes: int = STDERR_TAIL_BYTES) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
@@ -170,7 +172,7 @@ def _gateway_info(pid: int, log_path: Path, alive: bool) -> SandboxInfo:
     kernel and whatever it runs) from /proc, the last lines of the gateway's log."""
     proc = proctree.read_proc(pid) if alive else None
     usage = proctree.tree_usage(pid) if proc is not None else None
-    lines = [line for line in _tail(log_path, LOG_TAIL_READ_BYTES).splitlines() if line.strip()]
+    lines = [line for line in tail_text(log_path, LOG_TAIL_READ_BYTES).splitlines() if line.strip()]
     return SandboxInfo(
         name=f"pid {pid}",
         state="running" if usage is not None else "exited",
@@ -262,7 +264,7 @@ class AdoptedGateway:
         return None if proctree.is_running(self.info) else -1
 
     def stderr_tail(self) -> str:
-        return _tail(self.log_path)
+        return tail_text(self.log_path)
 
     async def stop(self, grace_s: float = PROCESS_STOP_GRACE_S) -> None:
         """SIGTERM to the group (the gateway stops its kernel and sweeps) -> grace -> SIGKILL."""
@@ -671,7 +673,7 @@ class LocalBackend(SandboxBackend):
                     # the daemon's private one (orchestrator/file_modes.py).
                     umask=user_umask(),
                 )
-                child.ready = await _read_ready_line(
+                child.ready = await read_ready_line(
                     child, runtime_dir / GATEWAY_LOG_NAME, self.start_timeout_s
                 )
             except ChildStartError as exc:
@@ -728,7 +730,9 @@ class LocalBackend(SandboxBackend):
         return sandbox
 
 
-async def _read_ready_line(child: ChildProcess, log_path: Path, timeout_s: float) -> dict[str, Any]:
+async def read_ready_line(
+    child: ChildProcess, log_path: Path, timeout_s: float
+) -> dict[str, Any]:
     """The gateway's ready line, from its log (its stdout); ``ChildStartError`` when it exits
     first or stays silent past ``timeout_s`` (the child is stopped then)."""
     loop = asyncio.get_running_loop()
