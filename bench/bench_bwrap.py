@@ -139,7 +139,9 @@ async def _bench(quick: bool, with_docker: bool) -> dict[str, Any]:
         finally:
             for backend in backends.values():
                 await backend.close()
-    left = [str(p) for p in Path(tempfile.gettempdir()).glob("prime-agent-bwrap-*")]
+    from orchestrator.sandbox.bwrap import RUNTIME_DIR_PREFIX
+
+    left = [str(p) for p in Path(tempfile.gettempdir()).glob(f"{RUNTIME_DIR_PREFIX}*")]
     if left:
         raise RuntimeError(f"left behind: {', '.join(left)}")
     rows = [
