@@ -1,4 +1,5 @@
-"""``prime-agent doctor [--fix]``: the control socket, the daemon's NATS server, the database's
+"""``prime-agent doctor [--fix]``: which sandbox backends work here (docker, bwrap, local; what
+``--backend auto`` picks), the control socket, the daemon's NATS server, the database's
 integrity and orphaned sandboxes (docker containers, local gateways); ``--fix`` removes what
 nothing owns (``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit
 1 when a problem remains.
@@ -19,6 +20,7 @@ from orchestrator.cli.common import EXIT_ERROR, guarded
 
 if TYPE_CHECKING:
     from orchestrator.daemon.doctor import Finding
+    from orchestrator.paths import Paths
 
 __all__ = ["doctor"]
 
@@ -47,6 +49,7 @@ def _doctor(fix: bool, all_instances: bool) -> int:
     paths = Paths.from_env()
     daemon = daemon_info()
     findings = [
+        *_backend_findings(paths),
         checks.check_socket(paths, daemon, fix=fix),
         checks.check_nats(paths, daemon),
         *asyncio.run(checks.check_database(paths, daemon)),
@@ -56,6 +59,22 @@ def _doctor(fix: bool, all_instances: bool) -> int:
     for finding in findings:
         typer.echo(finding.line())
     return sum(1 for f in findings if f.problem and not f.fixed)
+
+
+def _backend_findings(paths: Paths) -> list[Finding]:
+    from orchestrator.daemon.doctor import check_backends
+    from orchestrator.errors import ConfigError
+    from orchestrator.sandbox.bwrap_probe import bwrap_usable
+    from orchestrator.sandbox.docker import docker_usable
+    from orchestrator.sandbox.images import resolve_image
+    from orchestrator.settings import Settings, load_settings
+
+    try:
+        settings = load_settings(paths.config_file)
+    except ConfigError:  # the default image then; the config's error shows where it is used
+        settings = Settings()
+    image = resolve_image(settings.sandbox.image)
+    return check_backends(lambda: docker_usable(image), bwrap_usable, image=image)
 
 
 def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:

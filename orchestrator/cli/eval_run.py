@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, cast
+from typing import Annotated, Any, Final, cast
 
 import typer
 
@@ -25,8 +25,6 @@ __all__ = ["eval_run", "stop_of"]
 # How a run without an autonomous or goal stop ended, as a stop reason.
 PLAIN_STOPS: Final = {"completed": "completed", "aborted": "aborted"}
 BACKEND_ENV: Final = "PRIME_AGENT_BACKEND"  # as `prime-agent -p` reads it
-BACKENDS: Final = ("auto", "docker", "local")
-Backend = Literal["auto", "docker", "local"]
 
 
 def stop_of(outcome_reason: str, stop: Any) -> tuple[str, int]:
@@ -72,6 +70,7 @@ async def _run(cfg: Any, settings: Any, paths: Any) -> int:
 
     from orchestrator.control.autonomous import AutonomousPolicy
     from orchestrator.models.registry import resolve_model
+    from orchestrator.sandbox.choice import BACKEND_CHOICES, BackendRequest
     from orchestrator.sessions.runner import RunOptions, run_session
     from orchestrator.store.db import Store
     from orchestrator.store.eval_results import build_result, save_result
@@ -83,14 +82,14 @@ async def _run(cfg: Any, settings: Any, paths: Any) -> int:
         policy = AutonomousPolicy.model_validate(cfg.autonomous.model_dump(exclude_none=True))
     goal = (cfg.goal.objective, cfg.goal.token_budget) if cfg.goal is not None else None
     backend = cfg.backend or os.environ.get(BACKEND_ENV) or "auto"
-    if backend not in BACKENDS:
-        raise UserError(f"{BACKEND_ENV}={backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend not in BACKEND_CHOICES:
+        raise UserError(f"{BACKEND_ENV}={backend!r}: use one of {', '.join(BACKEND_CHOICES)}")
     started = utcnow()
     result = await run_session(
         RunOptions(
             task=cfg.prompt,
             cwd=cfg.workdir,
-            backend=cast(Backend, backend),
+            backend=cast(BackendRequest, backend),
             name=cfg.run_name,
             autonomous=policy,
             goal=goal,

@@ -47,7 +47,7 @@ def import_session(
         typer.Option(
             "--backend",
             envvar="PRIME_AGENT_BACKEND",
-            help="Sandbox backend when it is resumed: auto, docker or local.",
+            help="Sandbox backend when it is resumed: auto, docker, bwrap or local.",
         ),
     ] = Backend.auto,
     name: Annotated[
@@ -108,7 +108,7 @@ async def _import(
         if model is not None:  # refuse a model this installation cannot use, now
             resolve_model(model, settings)
         parsed = await asyncio.to_thread(read_session_file, path)
-        choice = choose_backend(backend, _docker_status)
+        choice = choose_backend(backend, _docker_status, _bwrap_status)
         options = ImportOptions(
             model=model,
             default_model=settings.default_model or EMBEDDED_MODEL_NAME,
@@ -127,3 +127,9 @@ def _docker_status() -> tuple[bool, str]:
     from orchestrator.sandbox.docker import docker_usable  # the docker SDK: only when asked
 
     return docker_usable()
+
+
+def _bwrap_status() -> tuple[bool, str]:
+    from orchestrator.sandbox.bwrap_probe import bwrap_usable
+
+    return bwrap_usable()

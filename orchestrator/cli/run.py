@@ -42,9 +42,12 @@ class Mode(StrEnum):
 
 
 class Backend(StrEnum):
-    auto = "auto"  # docker when usable, else local (with a warning)
+    """``--backend``: orchestrator/sandbox/choice.py's BACKEND_CHOICES (a test keeps them equal)."""
+
+    auto = "auto"  # docker when usable, else bwrap, else refused
     docker = "docker"
-    local = "local"
+    bwrap = "bwrap"
+    local = "local"  # only when asked for: NOT isolated (a warning says so)
 
 
 class Workspace(StrEnum):
@@ -104,14 +107,15 @@ def run(
             "--backend",
             envvar="PRIME_AGENT_BACKEND",
             help="Sandbox backend: auto (docker when an engine and the session image are "
-            "there, else local with a warning), docker or local.",
+            "there, else bwrap when bubblewrap works here, else an error), docker, bwrap, or "
+            "local (not isolated; a warning says so). `prime-agent doctor` says which work.",
         ),
     ] = Backend.auto,
     network: Annotated[
         bool,
         typer.Option(
             "--network/--no-network",
-            help="Let sandboxes reach the network (default: no network; docker only).",
+            help="Let sandboxes reach the network (default: no network; docker and bwrap).",
         ),
     ] = False,
     no_daemon: Annotated[

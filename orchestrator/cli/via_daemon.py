@@ -97,7 +97,7 @@ async def run_via_daemon(
         except ApiCommandError as exc:
             print(f"prime-agent: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-        if created.get("warning"):  # auto without docker: the session is not isolated
+        if created.get("warning"):  # the local backend: the session is not isolated
             print(f"prime-agent: warning: {created['warning']}", file=sys.stderr)
         return await _run(
             link,

@@ -16,7 +16,7 @@ A config is the single-run unit a sweep (SPEC.md §10) later multiplies. Its sha
       input_cost_per_mtok: 0.15
       output_cost_per_mtok: 0.6
       tool_protocol: native             # or fenced
-    backend: local                      # auto | docker | local
+    backend: local                      # auto | docker | bwrap | local
     sandbox: {image: session, workspace: rw, memory_mib: 2048, cpus: 1.0}
     compaction: {enabled: true, reserve_tokens: 16384, keep_recent_tokens: 20000}
     refine: {enabled: false}
@@ -60,6 +60,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from orchestrator.errors import ConfigError
+from orchestrator.sandbox.choice import BACKEND_CHOICES, BackendRequest
 from orchestrator.settings import (
     SANDBOX_MEMORY_MIN_MIB,
     CompactionSettings,
@@ -85,7 +86,7 @@ __all__ = [
     "load_eval_config",
 ]
 
-EVAL_BACKENDS: Final = ("auto", "docker", "local")  # as orchestrator/sandbox/choice.py
+EVAL_BACKENDS: Final = BACKEND_CHOICES  # orchestrator/sandbox/choice.py's rule
 # A name becomes a session name and a file name (<name>.result.json): no slashes or spaces.
 EVAL_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 RESULT_SUFFIX: Final = ".result.json"
@@ -196,7 +197,7 @@ class EvalConfig(_Section):
     task_file: str | None = Field(default=None, min_length=1)
     cwd: str | None = Field(default=None, min_length=1)
     model: ModelSection
-    backend: Literal["auto", "docker", "local"] | None = None
+    backend: BackendRequest | None = None
     sandbox: SandboxSection | None = None
     compaction: CompactionSection | None = None
     refine: RefineSection | None = None

@@ -1,14 +1,18 @@
-"""The daemon's sandbox backends: ``local`` always, ``docker`` when an engine answers.
+"""The daemon's sandbox backends: ``local`` always, ``docker`` when an engine answers,
+``bwrap`` when bubblewrap runs a sandbox here.
 
 Every sandbox the daemon starts outlives it (``die_with_parent`` off, R2): each backend gets
 the ``SandboxRegistry`` as its listener, so the store knows every live sandbox, and each keeps
 its warm pool of such sandboxes (docker's fills for the workspace most recently used).
 
 Docker is looked at when the daemon starts and again when a session asks for it while the
-daemon has none (the session image may have been built since). Which backend a session gets
-follows ``orchestrator/sandbox/choice.py``; a session created without one gets
+daemon has none (the session image may have been built since); bwrap is probed once, when the
+daemon starts (``sandbox/bwrap_probe.py``: installing bubblewrap needs a daemon restart). Both
+are known before the daemon adopts the sandboxes a predecessor left. Which backend a session
+gets follows ``orchestrator/sandbox/choice.py``; a session created without one gets
 ``$PRIME_AGENT_BACKEND`` of the daemon's environment (the variable ``--backend`` reads), else
-``auto``.
+``auto``. The choice's warning (``local``: NOT isolated) is logged here and sent back in the
+create-session and import replies, which the CLI and the TUI show.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from orchestrator.sandbox.local import LocalBackend
 from orchestrator.settings import Settings
 
 if TYPE_CHECKING:
+    from orchestrator.sandbox.bwrap import BwrapBackend
     from orchestrator.sandbox.docker import DockerBackend
 
 __all__ = ["BACKEND_ENV", "DEFAULT_BACKEND", "DOCKER_RECHECK_S", "DaemonBackends"]
@@ -66,13 +71,15 @@ class DaemonBackends:
         self.local.listener = listener
         self.docker: DockerBackend | None = None
         self.docker_why = "not checked yet"
+        self.bwrap: BwrapBackend | None = None
+        self.bwrap_why = "not checked yet"
         self.all: dict[str, SandboxBackend] = {self.local.name: self.local}
         self._lock = asyncio.Lock()
         self._checked_at: float | None = None  # loop time of the last look for docker
 
     async def start(self) -> None:
-        """Look for docker (in a thread: the engine may be slow to answer)."""
-        await self._try_docker()
+        """Look for docker and bwrap (in threads: the engine may be slow to answer)."""
+        await asyncio.gather(self._try_docker(), self._try_bwrap())
 
     def start_pools(self) -> None:
         self.local.start_pool()
@@ -84,7 +91,11 @@ class DaemonBackends:
         requested = requested or os.environ.get(BACKEND_ENV) or DEFAULT_BACKEND
         if requested in ("auto", "docker") and self.docker is None:
             await self._try_docker()
-        choice = choose_backend(requested, lambda: (self.docker is not None, self.docker_why))
+        choice = choose_backend(
+            requested,
+            lambda: (self.docker is not None, self.docker_why),
+            lambda: (self.bwrap is not None, self.bwrap_why),
+        )
         if choice.warning:
             log.warning(choice.warning)
         return choice
@@ -112,6 +123,25 @@ class DaemonBackends:
                 return
             self.all[self.docker.name] = self.docker
             log.info("docker backend available (image %s)", self.docker.image)
+
+    async def _try_bwrap(self) -> None:
+        from orchestrator.sandbox.bwrap_probe import bwrap_usable
+
+        usable, why = await asyncio.to_thread(bwrap_usable)
+        self.bwrap_why = why
+        if not usable:
+            log.info("bwrap backend not available: %s", why)
+            return
+        from orchestrator.sandbox.bwrap import BwrapBackend
+
+        # Its sandboxes outlive the daemon and carry its socket (remove_unknown finds them).
+        bwrap = BwrapBackend.from_settings(
+            self.settings, pool_die_with_parent=False, owner=str(self.socket_path)
+        )
+        bwrap.listener = self.listener
+        self.bwrap = bwrap
+        self.all[bwrap.name] = bwrap
+        log.info("bwrap backend available")
 
     def _new_docker(self) -> DockerBackend:
         from orchestrator.instance import instance_id

@@ -1,4 +1,5 @@
-"""What ``prime-agent doctor`` checks: the control socket, the daemon's NATS server, the
+"""What ``prime-agent doctor`` checks: which sandbox backends work here (docker, bwrap, local,
+and what ``--backend auto`` picks), the control socket, the daemon's NATS server, the
 database's integrity and orphaned sandboxes (containers and local gateways).
 
 Each check returns ``Finding`` lines; a finding with ``problem`` set makes doctor exit 1 unless
@@ -15,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +27,7 @@ from orchestrator.paths import Paths
 
 __all__ = [
     "Finding",
+    "check_backends",
     "check_database",
     "check_local_sandboxes",
     "check_nats",
@@ -46,6 +49,40 @@ class Finding:
     def line(self) -> str:
         mark = " (fixed)" if self.fixed else ""
         return f"{self.area}: {self.text}{mark}"
+
+
+def check_backends(
+    docker_status: Callable[[], tuple[bool, str]],
+    bwrap_status: Callable[[], tuple[bool, str]],
+    *,
+    image: str,
+) -> list[Finding]:
+    """One line per backend, usable or why not, then what ``auto`` picks
+    (``sandbox/choice.py``): a problem only when ``auto`` refuses (no sandbox works here)."""
+    from orchestrator.errors import UserError
+    from orchestrator.sandbox.choice import NO_SANDBOX_FIXES, choose_backend
+
+    docker = docker_status()
+    bwrap = bwrap_status()
+    findings = [
+        Finding("backend", _usable("docker", docker, f"session image {image}")),
+        Finding("backend", _usable("bwrap", bwrap, "bubblewrap runs a sandbox here")),
+        Finding("backend", "local usable with --backend local only: it does NOT isolate sessions"),
+    ]
+    try:
+        picked = choose_backend("auto", lambda: docker, lambda: bwrap)
+    except UserError:  # why each is not usable is on its line above
+        findings.append(
+            Finding("backend", f"auto refuses (no sandbox here): {NO_SANDBOX_FIXES}", problem=True)
+        )
+    else:
+        findings.append(Finding("backend", f"auto picks {picked.name}"))
+    return findings
+
+
+def _usable(name: str, status: tuple[bool, str], detail: str) -> str:
+    usable, why = status
+    return f"{name} usable ({detail})" if usable else f"{name} not usable: {why}"
 
 
 def check_socket(paths: Paths, daemon: dict[str, Any] | None, *, fix: bool) -> Finding:

@@ -158,7 +158,8 @@ class DaemonControl(Protocol):
         ...
 
     async def choose_backend(self, requested: str | None) -> BackendChoice:
-        """auto / docker / local for a new session (``UserError``: bad or unusable)."""
+        """auto / docker / bwrap / local for a new session (``UserError``: bad or unusable;
+        ``local`` comes with its not-isolated warning for the reply)."""
         ...
 
     def request_shutdown(self) -> None: ...
@@ -587,7 +588,7 @@ class DaemonHandler(CommandHandler):
             "model": model.selector,
             "backend": live.record.backend,
             "prompt": status,
-            "warning": choice.warning or None,  # auto without docker: NOT isolated
+            "warning": choice.warning or None,  # local: NOT isolated (the CLI and TUI show it)
         }
 
     async def _submit(self, selector: str, text: str, mode: str) -> JsonObject:

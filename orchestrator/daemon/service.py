@@ -159,7 +159,7 @@ class Daemon:
         return await self.endpoint_for(resolve_model(selector, self.settings))
 
     async def choose_backend(self, requested: str | None) -> BackendChoice:
-        """The sandbox backend of a new session: auto, docker or local (``UserError``)."""
+        """The sandbox backend of a new session: auto, docker, bwrap or local (``UserError``)."""
         if self._backends is None:
             raise ApiCommandError(E_BUSY, "the daemon is still starting")
         return await self._backends.choose(requested)

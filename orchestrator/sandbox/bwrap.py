@@ -109,8 +109,8 @@ from orchestrator.sandbox.local import (
     tail_text,
 )
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
-from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
@@ -296,9 +296,10 @@ def _runtime_dir_of(argv: list[bytes]) -> str | None:
     temp = tempfile.gettempdir()
     for arg in argv:
         path = Path(os.fsdecode(arg))
-        if path.parent.name.startswith(RUNTIME_DIR_PREFIX) and str(path.parent.parent) == temp:
-            if path == outputs_dir(path.parent):
-                return str(path.parent)
+        parent = path.parent
+        ours = parent.name.startswith(RUNTIME_DIR_PREFIX) and str(parent.parent) == temp
+        if ours and path == outputs_dir(parent):
+            return str(parent)
     return None
 
 
@@ -351,6 +352,16 @@ async def _kill_sandbox(init: proctree.ProcInfo | None, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(init.pid, signal.SIGKILL)
         await _wait_gone(init, grace_s)
+
+
+async def _wait_exit(child: ChildProcess | AdoptedGateway, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the bwrap process to exit by itself."""
+    if isinstance(child, AdoptedGateway):
+        await _wait_gone(child.info, timeout_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await child.proc.wait()
 
 
 class BwrapSandbox(Sandbox):
@@ -585,7 +596,8 @@ class BwrapSandbox(Sandbox):
             unset_env=(OWNER_ENV,),
         )
         bwrap = backend.bwrap
-        argv = [*(self.confinement.argv_prefix if self.confinement else ()), *bwrap_argv(bwrap, plan)]
+        prefix = self.confinement.argv_prefix if self.confinement is not None else ()
+        argv = [*prefix, *bwrap_argv(bwrap, plan)]
         launch = _Launch(
             confinement=self.confinement,
             stage=[(os.fsencode(s), os.fsencode(p)) for s, p in stage],
@@ -723,7 +735,10 @@ class BwrapSandbox(Sandbox):
         await _kill_sandbox(self.init, PROCESS_STOP_GRACE_S)
         child = self.child
         if child is not None:
-            await child.stop(PROCESS_STOP_GRACE_S)  # bwrap itself (it exits with pid 1)
+            # bwrap itself exits once it has reaped pid 1; signalled before that, it would
+            # leave pid 1 a zombie for the host's init.
+            await _wait_exit(child, PROCESS_STOP_GRACE_S)
+            await child.stop(PROCESS_STOP_GRACE_S)
         if self.confinement is not None:
             await asyncio.to_thread(self.confinement.remove)
         relay, self._relay = self._relay, None
@@ -954,6 +969,7 @@ class BwrapBackend(SandboxBackend):
             if init is not None and init.ppid != info.pid:
                 init = None  # not that sandbox's pid 1 any more
             await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
+            await _wait_gone(info, PROCESS_STOP_GRACE_S)
             await AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME).stop(PROCESS_STOP_GRACE_S)
         confinement = None
         with contextlib.suppress(OSError):
@@ -975,4 +991,3 @@ class BwrapBackend(SandboxBackend):
             await self.remove(SandboxRef(BACKEND_NAME, str(info.pid), "", "", "", "", runtime_dir))
             removed += 1
         return removed
-

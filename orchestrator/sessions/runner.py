@@ -14,13 +14,13 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from orchestrator.agent.loop import EventSink, TurnOutcome
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
+from orchestrator.sandbox.choice import BackendRequest, choose_backend
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import RunStop
@@ -38,9 +38,10 @@ SESSION_NAME_MAX = 64
 class RunOptions:
     task: str
     cwd: Path
-    backend: Literal["auto", "docker", "local"] = "local"
+    backend: BackendRequest = "local"
     name: str | None = None
-    # Outside network access for the sandboxes (docker: a bridge network instead of none).
+    # Outside network access for the sandboxes (docker: a bridge network instead of none;
+    # bwrap: the host's network namespace instead of loopback only).
     # The local backend has no network isolation to grant or take away.
     network: bool = False
     # Long-horizon controls (docs/control.md): autonomous mode and a goal (objective, budget).
@@ -56,11 +57,13 @@ class RunResult:
 
 
 def make_backend(name: str, settings: Settings, *, network: bool = False) -> SandboxBackend:
-    """``docker`` or ``local``; ``auto``: docker when an engine answers and the session image
-    exists, else local with a one-line warning that the session is not isolated."""
-    from orchestrator.sandbox.choice import choose_backend
-
-    choice = choose_backend(name, lambda: _docker_status(settings))  # UserError: bad name...
+    """The backend ``orchestrator/sandbox/choice.py`` picks for ``name`` (auto: docker, else
+    bwrap, else a ``UserError``); its warning (``local``: NOT isolated) goes to stderr."""
+    choice = choose_backend(  # UserError: a bad name, an unusable backend
+        name, lambda: _docker_status(settings), _bwrap_status
+    )
+    if choice.warning:
+        print(f"prime-agent: warning: {choice.warning}", file=sys.stderr)
     if choice.name == "docker":
         from orchestrator.sandbox.docker import DockerBackend
 
@@ -68,8 +71,12 @@ def make_backend(name: str, settings: Settings, *, network: bool = False) -> San
         # default: the pool fills for the root's workspace after its own cold start, so
         # subagents (same cwd) start warm.
         return DockerBackend.from_settings(settings, network=network)
-    if choice.warning:
-        print(f"prime-agent: warning: {choice.warning}", file=sys.stderr)
+    if choice.name == "bwrap":
+        from orchestrator.sandbox.bwrap import BwrapBackend
+
+        # The sandbox policy of the config (workspace mode, limits); no warm pool: the
+        # root's sandbox starts cold at once, overlapping the first model call.
+        return BwrapBackend.from_settings(settings, network=network, pool_size=0)
     from orchestrator.sandbox.local import LocalBackend
 
     # The root's sandbox starts cold at once (overlapping the first model call); spares would
@@ -108,6 +115,12 @@ def _docker_status(settings: Settings) -> tuple[bool, str]:
     from orchestrator.sandbox.images import resolve_image
 
     return docker_usable(resolve_image(settings.sandbox.image))
+
+
+def _bwrap_status() -> tuple[bool, str]:
+    from orchestrator.sandbox.bwrap_probe import bwrap_usable
+
+    return bwrap_usable()
 
 
 async def run_session(

@@ -18,7 +18,7 @@ from orchestrator.control.autonomous import EXIT_CODES
 from orchestrator.paths import Paths
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, write_config
+from tests.helpers import cli, need, write_config
 
 GATE: Final = "python -m pytest -q -p no:cacheprovider test_calc.py"
 FIX_SCRIPT: Final = """
@@ -102,7 +102,7 @@ def test_the_agent_fixes_a_failing_gate_on_its_second_try(
 
         usable, why = docker_usable()
         if not usable:
-            pytest.skip(f"docker backend not usable here: {why}")
+            need("docker", why)
         # A root-owned workspace runs as the image's user, who may not write root's files.
         from orchestrator.sandbox.docker_run import SANDBOX_UID
 

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.paths import Paths
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, write_config
+from tests.helpers import cli, need, write_config
 
 FAST_RETRIES = "retry_base_delay_s = 0.01\nmodel_max_retries = 2\n"
 
@@ -197,7 +197,7 @@ def test_print_mode_on_the_docker_backend(model: FakeModelServer) -> None:
 
     usable, why = docker_usable()
     if not usable:
-        pytest.skip(f"docker backend not usable here: {why}")
+        need("docker", why)
     proc = cli(
         ["-p", "6*7", "--backend", "docker", "--model", "openai/fake", "--api-base", model.url]
     )
@@ -222,7 +222,7 @@ def test_network_is_off_by_default_and_granted_explicitly(flag: str, expected: s
 
     usable, why = docker_usable()
     if not usable:
-        pytest.skip(f"docker backend not usable here: {why}")
+        need("docker", why)
     with FakeModelServer(ROUTE_SCRIPT) as srv:
         proc = cli(
             [

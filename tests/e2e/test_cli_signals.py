@@ -18,7 +18,7 @@ import pytest
 from orchestrator.paths import Paths
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, descendant_pids, kill_process_tree, pids_alive, wait_until
+from tests.helpers import cli, descendant_pids, kill_process_tree, need, pids_alive, wait_until
 
 LONG_CELL = "code: import time; time.sleep(120)"
 EXIT_WAIT_S = 30.0
@@ -141,7 +141,7 @@ def test_shutdown_removes_containers_a_killed_run_left(
 
     usable, why = docker_usable()
     if not usable:
-        pytest.skip(f"docker backend not usable here: {why}")
+        need("docker", why)
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "orchestrator", "-p", "sleep", "--mode", "json"),

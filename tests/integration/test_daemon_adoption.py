@@ -37,7 +37,7 @@ from orchestrator.sessions.manager import INTERRUPTED_CELL_TEXT
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, kill_9, pids_alive, wait_until, write_config
+from tests.helpers import cli, kill_9, need, pids_alive, wait_until, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
@@ -348,7 +348,7 @@ def test_recorded_sandbox_of_a_deleted_session_is_removed_at_start(
 def docker_image() -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 def _our_containers() -> list[Any]:

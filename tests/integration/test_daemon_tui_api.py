@@ -26,7 +26,7 @@ from orchestrator.api.protocol import CAP_STREAM, CLIENT_CAPABILITIES, Event, Re
 from orchestrator.cli.usage import paged_rows
 from orchestrator.sandbox.base import SANDBOX_LOG_TAIL_LINES
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, daemon_pids, pids_alive, wait_until, write_config
+from tests.helpers import cli, daemon_pids, need, pids_alive, wait_until, write_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -428,7 +428,7 @@ def docker_image() -> None:
 
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 DOCKER_SCRIPT = """

@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import SandboxSpec
+from tests.helpers import need
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
 pytestmark = [
@@ -40,7 +41,7 @@ HANG_S = 5.0  # after timeout + grace: give up on the container (fork bomb) soon
 def docker_image() -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from orchestrator.models.registry import resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sessions.runner import RunOptions, run_session
 from orchestrator.settings import Settings
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
+from tests.helpers import need
 
 THREE_LEVELS = """
 repeat forever:
@@ -37,7 +36,7 @@ async def test_three_level_family_across_containers(tmp_path: Path) -> None:
 
     usable, why = docker_usable()
     if not usable:
-        pytest.skip(f"docker backend not usable here: {why}")
+        need("docker", why)
     # The sandbox user must be able to write the workspace (docs/docker.md).
     tmp_path.chmod(0o777)
     settings = Settings(max_depth=2, retry_base_delay_s=0.01)

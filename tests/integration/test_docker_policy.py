@@ -29,6 +29,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import ResourceLimits, SandboxSpec, WorkspaceMode
+from tests.helpers import need
 from tests.integration.test_sandbox_conformance import SANDBOX_UID, docker_ready, workspace
 
 pytestmark = [
@@ -55,7 +56,7 @@ RUST_CELL_TIMEOUT_S = 300
 def docker_image() -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

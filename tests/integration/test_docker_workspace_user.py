@@ -32,6 +32,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import SandboxSpec
+from tests.helpers import need
 from tests.integration.test_sandbox_conformance import docker_ready
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
@@ -86,7 +87,7 @@ asyncio.run(main())
 def docker_image() -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -31,7 +31,7 @@ from orchestrator.api.client import ControlClient
 from orchestrator.api.server import default_socket_path
 from orchestrator.paths import APP_DIR_NAME, Paths
 from orchestrator.testing import FakeModelServer
-from tests.helpers import CLI_TIMEOUT_S, daemon_pids, kill_9, stop_daemons
+from tests.helpers import CLI_TIMEOUT_S, daemon_pids, kill_9, need, stop_daemons
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
 pytestmark = pytest.mark.timeout(900)
@@ -127,7 +127,7 @@ def setups(tmp_path: Path, model: FakeModelServer) -> Iterator[tuple[Setup, Setu
     test did, their daemons and containers are gone after it."""
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
     a, b = _setup(tmp_path / "a", model), _setup(tmp_path / "b", model)
     yield a, b
     _cleanup(a, b)
@@ -240,7 +240,7 @@ def test_a_crashed_setups_container_survives_another_daemon_and_its_doctor(
 ) -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
     # One runtime dir (one socket path), two state dirs: only one daemon at a time.
     shared = tmp_path / "run"
     a, b = _setup(tmp_path / "a", model, shared), _setup(tmp_path / "b", model, shared)

@@ -35,7 +35,7 @@ from orchestrator.sessions.manager import Orchestrator, SessionNotLoadable
 from orchestrator.settings import Settings
 from orchestrator.store.db import SessionRecord, Store
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, kill_9, write_config
+from tests.helpers import cli, kill_9, need, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
 
 pytestmark = pytest.mark.timeout(600)
@@ -333,7 +333,7 @@ def _docker_image() -> None:
 
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 def test_a_docker_sessions_network_and_limits_survive_a_daemon_restart(

@@ -24,6 +24,7 @@ from orchestrator.harness.skills import discover_in
 from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.docker_run import CONTAINER_SKILLS_DIR
 from orchestrator.sandbox.local import LocalBackend
+from tests.helpers import need
 from tests.integration.test_sandbox_conformance import workspace
 
 pytestmark = [
@@ -135,7 +136,7 @@ def docker_engine() -> Iterator[None]:
     try:
         client = docker_client()
     except UserError as exc:
-        pytest.skip(f"docker: {exc}")
+        need("docker", str(exc))
     if not image_exists(SESSION_IMAGE, client):
         pytest.fail(
             f"Docker answers but the session image {SESSION_IMAGE} is missing: "

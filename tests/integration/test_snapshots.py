@@ -35,7 +35,7 @@ from orchestrator.settings import Settings
 from orchestrator.store.db import EventRecord, Store
 from orchestrator.store.events import UserMessagePayload
 from orchestrator.testing import FakeModelServer
-from tests.helpers import pids_alive
+from tests.helpers import need, pids_alive
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
 # Snapshots follow cells closely here, so that the tests wait for them, not for a timer.
@@ -288,7 +288,7 @@ repeat forever:
 async def test_docker_a_removed_container_is_replaced_and_revived(tmp_path: Path) -> None:
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
     from orchestrator.sandbox.docker import DockerBackend, DockerSandbox
 
     backend = DockerBackend(pool_size=0)
@@ -329,7 +329,7 @@ async def test_docker_a_pooled_container_takes_over_its_session_snapshots(tmp_pa
     after the container is removed from outside the replacement revives x."""
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
     from orchestrator.sandbox.docker import CONTAINER_SNAPSHOT_DIR, DockerBackend, DockerSandbox
     from orchestrator.sandbox.docker_owned import LABEL_SNAPSHOT_SLOT
 

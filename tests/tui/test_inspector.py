@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from orchestrator.settings import SANDBOX_MEMORY_MIB
-from tests.helpers import pids_alive
+from tests.helpers import need, pids_alive
 from tests.tui.pilot import chat_screen, screen_text, texts, until
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
@@ -249,7 +249,7 @@ def docker_image() -> None:
 
     why = docker_ready()
     if why is not None:
-        pytest.skip(f"docker: {why}")
+        need("docker", why)
 
 
 @pytest.mark.parametrize("model_script", [DOCKER], ids=["docker"])

@@ -1,14 +1,11 @@
-"""The pieces of sandbox adoption that need no process: the backend rule, the table, the holder."""
+"""The pieces of sandbox adoption that need no process: the table, the holder.
+(The backend rule: tests/unit/test_choice.py.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from orchestrator.errors import UserError
 from orchestrator.sandbox.base import SandboxRef
-from orchestrator.sandbox.choice import choose_backend
 from orchestrator.sessions.sandbox_records import AdoptedSandboxes, SandboxRegistry, ref_of, row_of
 from orchestrator.store.db import Store
 from orchestrator.store.migrate import latest_schema_version
@@ -22,32 +19,6 @@ REF = SandboxRef(
     token="secret-token",
     runtime_dir="/tmp/prime-agent-sbx-x",
 )
-
-
-class _Docker:
-    """``docker_status`` of a test: usable or not; counts how often it is asked."""
-
-    def __init__(self, usable: bool):
-        self.usable = usable
-        self.calls = 0
-
-    def __call__(self) -> tuple[bool, str]:
-        self.calls += 1
-        return self.usable, "" if self.usable else "no engine"
-
-
-def test_backend_rule() -> None:
-    yes, no = _Docker(True), _Docker(False)
-    assert choose_backend("local", no).name == "local"
-    assert no.calls == 0  # docker is not even asked
-    assert choose_backend("auto", yes).name == "docker"
-    fallback = choose_backend("auto", no)
-    assert fallback.name == "local" and "NOT isolated (no engine)" in fallback.warning
-    assert choose_backend("docker", yes).name == "docker"
-    with pytest.raises(UserError, match="not usable: no engine"):
-        choose_backend("docker", no)
-    with pytest.raises(UserError, match="unknown backend"):
-        choose_backend("kubernetes", yes)
 
 
 def test_row_and_ref_round_trip_and_the_token_stays_out_of_repr() -> None:
