@@ -60,12 +60,9 @@ def _docker_why_not() -> str | None:
 
 
 def _bwrap_why_not() -> str | None:
-    try:
-        from orchestrator.sandbox.bwrap_probe import bwrap_usable
-    except ImportError:
-        import shutil
+    """None when bwrap runs a trivial sandbox here (the backend's probe), else why not."""
+    from orchestrator.sandbox.bwrap_probe import bwrap_usable
 
-        return None if shutil.which(BWRAP) else "bubblewrap is not installed"
     usable, why = bwrap_usable()
     return None if usable else why
 

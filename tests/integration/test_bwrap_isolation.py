@@ -21,7 +21,7 @@ daemon-like target of the scan); a DuckDB store file and a real embedded NATS se
 port. Speed is measured in ``bench/bench_bwrap.py``, never here.
 
 With CI=true a missing bwrap, or a limit the host cannot enforce (no cgroup), fails instead of
-skipping (``need``).
+skipping (``tests.helpers.need``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -46,7 +45,9 @@ from orchestrator.bus.server import EmbeddedNats
 from orchestrator.ids import new_session_id
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import ResourceLimits, Sandbox, SandboxBackend, SandboxSpec
+from orchestrator.sandbox.bwrap_probe import bwrap_usable
 from orchestrator.testing import FakeModelServer
+from tests.helpers import need
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -77,26 +78,8 @@ LOOPBACK6_HEX: Final = ("00000000000000000000000001000000", "0000000000000000000
 MAX_OWN_LISTENERS: Final = 8
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
-
-
-def need(ok: bool, why: str) -> None:
-    """Skip (or, with CI=true, fail) a test whose real part is missing here. A stand-in for
-    ``tests.helpers.need`` (helper C's), with the same behaviour."""
-    if ok:
-        return
-    if _in_ci():
-        pytest.fail(f"needed under CI: {why}")
-    pytest.skip(why)
-
-
 def _bwrap_missing() -> str | None:
     """None when bwrap runs a sandbox here, else why not (the backend's own probe)."""
-    try:
-        from orchestrator.sandbox.bwrap_probe import bwrap_usable
-    except ImportError:  # before helper C's probe is merged: the program at least
-        return None if shutil.which("bwrap") else "bubblewrap is not installed"
     usable, why = bwrap_usable()
     return None if usable else why
 
@@ -310,7 +293,8 @@ BACKENDS: Final = (
 def _new_backend(kind: str) -> SandboxBackend:
     if kind == "bwrap":
         why = _bwrap_missing()
-        need(why is None, f"bwrap: {why}")
+        if why is not None:
+            need("bwrap", why)
         from orchestrator.sandbox.bwrap import BwrapBackend
 
         return BwrapBackend(pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
@@ -573,7 +557,8 @@ print(json.dumps(out))
     if world.bwrap:
         assert set(out.values()) == {"FileNotFoundError"}, out
     else:
-        need(bool(on_host), "no docker socket on this host: nothing to reproduce")
+        if not on_host:
+            need("docker", "no docker socket on this host: nothing to reproduce")
         assert "connected" in out.values(), out
 
 
@@ -774,7 +759,7 @@ def _report_missing(sandbox: Sandbox, wanted: str) -> None:
     missing, warning = _confinement_missing(sandbox)
     if wanted in missing:
         assert wanted in warning and "\n" not in warning.strip(), warning
-        need(False, f"the {wanted} limit is not enforced on this host: {warning}")
+        need(f"a cgroup for the {wanted} limit", warning)
 
 
 THREADS_BODY: Final = r"""
