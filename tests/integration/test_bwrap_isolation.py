@@ -30,8 +30,10 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -868,3 +870,31 @@ async def test_fork_bomb_and_memory_hog_stay_inside(
         assert await _processes_settle(sandbox, at_rest) <= at_rest
     finally:
         await sandbox.stop()
+
+
+# --- the host's own layout ---------------------------------------------------------------------
+
+PRIVATE_DIR_MODE: Final = 0o700
+
+
+async def test_a_private_tmpdir_still_starts_a_sandbox(
+    bwrap_backend: SandboxBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root daemon whose TMPDIR is private (0700, as pam_tmpdir and `python -m bench` make
+    it): the sandbox's runtime dir lies under it, and the sandbox's unprivileged user must not
+    need to enter it. Found by bench/bench_bwrap.py under the bench runner."""
+    # Short, like pam_tmpdir's /tmp/user/0: the sandbox's Unix sockets live below it.
+    private = Path(tempfile.mkdtemp(prefix="pa-tmp-", dir="/tmp"))
+    try:
+        private.chmod(PRIVATE_DIR_MODE)
+        monkeypatch.setenv("TMPDIR", str(private))
+        monkeypatch.setattr(tempfile, "tempdir", str(private))
+        sandbox = await bwrap_backend.create(_spec(tmp_path, "private-tmp"))
+        try:
+            r = await sandbox.execute("1 + 1", timeout_s=CELL_TIMEOUT_S, cell_id="a")
+            assert r.status == "ok" and r.result == "2", r
+        finally:
+            await sandbox.stop()
+        assert list(private.iterdir()) == []  # its runtime dir is gone with it
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
