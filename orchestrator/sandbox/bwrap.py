@@ -51,7 +51,7 @@ from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.file_modes import user_umask
-from orchestrator.procs import ChildProcess, ChildStartError, start_child
+from orchestrator.procs import ChildProcess, ChildStartError, pid_alive, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
@@ -126,6 +126,7 @@ from orchestrator.settings import (
 
 __all__ = [
     "BACKEND_NAME",
+    "CONFINEMENT_FILE_NAME",
     "DEFAULT_CPUS",
     "DEFAULT_MEMORY_BYTES",
     "DEFAULT_PIDS_LIMIT",
@@ -133,6 +134,7 @@ __all__ = [
     "BwrapSandbox",
     "bwrap_path",
     "owned_sandboxes",
+    "sweep_stale",
 ]
 
 log = logging.getLogger(__name__)
@@ -325,7 +327,51 @@ def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
         info = proctree.read_proc(int(name))
         if runtime_dir and info is not None and info.state != "Z" and info.pgid == info.pid:
             found.append((info, runtime_dir))
+    # The sandbox's pid 1 is a fork of bwrap (same command line and environment): only the
+    # bwrap process started by the daemon counts.
+    pids = {info.pid for info, _ in found}
+    return [(info, runtime_dir) for info, runtime_dir in found if info.ppid not in pids]
+
+
+def _running_runtime_dirs() -> set[str]:
+    """The runtime dirs of every bwrap sandbox running now (from their command lines)."""
+    found = set()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            argv = _cmdline(int(name))
+            if argv and GATEWAY_MODULE.encode() in argv:
+                runtime_dir = _runtime_dir_of(argv)
+                if runtime_dir is not None:
+                    found.add(runtime_dir)
     return found
+
+
+def sweep_stale() -> int:
+    """Remove what dead sandboxes of this user left: a runtime dir whose sandbox's pid 1 is
+    gone and that no running bwrap names (a ``die_with_parent`` sandbox dies with its owner,
+    and nobody is left to remove its directory and cgroup), with its cgroup. Returns how many.
+
+    A directory still being set up has no pid 1 recorded yet and is never touched."""
+    temp = Path(tempfile.gettempdir())
+    running = _running_runtime_dirs()
+    removed = 0
+    for path in temp.glob(f"{RUNTIME_DIR_PREFIX}*"):
+        try:
+            if path.is_symlink() or path.stat().st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        init_pid = _read_info(path)
+        if init_pid is None or str(path) in running or pid_alive(init_pid):
+            continue
+        record = None
+        with contextlib.suppress(OSError):
+            record = reopen((path / CONFINEMENT_FILE_NAME).read_text())
+        if record is not None:
+            record.remove()
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 async def _wait_gone(info: proctree.ProcInfo, timeout_s: float) -> bool:
@@ -807,6 +853,7 @@ class BwrapBackend(SandboxBackend):
         self._owned: set[BwrapSandbox] = set()
         self._closed = False
         self._warned: set[str] = set()
+        self._swept = False  # sweep_stale ran (once per backend)
 
     @classmethod
     def from_settings(
@@ -873,6 +920,7 @@ class BwrapBackend(SandboxBackend):
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         self.bwrap  # noqa: B018 - one clear line when bubblewrap is missing
         self.check_workspace(spec)
+        await self._sweep_once()
         sandbox = BwrapSandbox(self, spec)
         try:
             async with asyncio.timeout(self.start_timeout_s * 2):
@@ -891,6 +939,19 @@ class BwrapBackend(SandboxBackend):
             raise
         self._owned.add(sandbox)
         return sandbox
+
+    async def _sweep_once(self) -> None:
+        """Before this backend's first sandbox: remove what dead sandboxes left."""
+        if self._swept:
+            return
+        self._swept = True
+        try:
+            removed = await asyncio.to_thread(sweep_stale)
+        except OSError as exc:  # tidying only
+            log.warning("bwrap: sweeping stale sandbox directories failed: %s", exc)
+            return
+        if removed:
+            log.info("bwrap: removed %d stale sandbox directories", removed)
 
     async def close(self) -> None:
         self._closed = True
@@ -982,6 +1043,7 @@ class BwrapBackend(SandboxBackend):
         """bwrap sandboxes marked with our ``owner`` that are not among ``known`` (recorded
         pids) and not our own children: a daemon killed between starting one and recording
         it."""
+        await self._sweep_once()
         if not self.owner:
             return 0
         removed = 0
