@@ -393,7 +393,20 @@ direct = {}
 for pid in ARGS['host_pids']:
     data = try_read(f'/proc/{pid}/environ')
     direct[str(pid)] = (key in data) if isinstance(data, bytes) else data
-print(json.dumps({'hits': hits, 'direct': direct, 'processes': seen}))
+files = []
+if ARGS['scan_files']:
+    # Every file the sandbox sees but the host's system and interpreter trees (host files that
+    # no backend writes to): its root, /etc, /tmp, HOME, /run, the workspace, the outputs.
+    import orchestrator
+    skip = ('/proc', '/sys', '/dev', '/usr', sys.prefix, sys.base_prefix,
+            os.path.dirname(os.path.dirname(orchestrator.__file__)))
+    for top, dirs, names in os.walk('/'):
+        dirs[:] = [d for d in dirs if not os.path.join(top, d).startswith(skip)]
+        for name in names:
+            data = try_read(os.path.join(top, name))
+            if isinstance(data, bytes) and key in data:
+                files.append(os.path.join(top, name))
+print(json.dumps({'hits': hits, 'direct': direct, 'processes': seen, 'files': files}))
 """
     out = await run_json(
         world.probe,
@@ -402,9 +415,10 @@ print(json.dumps({'hits': hits, 'direct': direct, 'processes': seen}))
         a=host.key[:half],
         b=host.key[half:],
         host_pids=[os.getpid(), keyed_pid],
+        scan_files=world.bwrap,  # the host's whole tree is too big to read on local
     )
     if world.bwrap:
-        assert out["hits"] == [], out
+        assert out["hits"] == [] and out["files"] == [], out
         assert True not in out["direct"].values(), out
     else:
         assert f"{keyed_pid}/environ" in out["hits"], out
