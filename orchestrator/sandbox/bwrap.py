@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -134,6 +135,7 @@ __all__ = [
     "BwrapSandbox",
     "bwrap_path",
     "owned_sandboxes",
+    "owner_mark",
     "sweep_stale",
 ]
 
@@ -162,12 +164,23 @@ USR_PREFIX: Final = "/usr"
 ROOT_UID: Final = 0
 STOP_POLL_S: Final = 0.02
 POOL_SESSION_ID: Final = "pool"
+OWNER_MARK_PREFIX: Final = "bwrap:"
+OWNER_MARK_HEX: Final = 32
 
 # Linux mount(2)/unshare(2) flags (<sys/mount.h>, <sched.h>) for the root-only bind staging.
 CLONE_NEWNS: Final = 0x00020000
 MS_BIND: Final = 4096
 MS_REC: Final = 16384
 MS_SLAVE: Final = 1 << 19
+
+
+def owner_mark(owner: str) -> str:
+    """The value of ``OWNER_ENV`` on a bwrap process of the daemon on socket ``owner``.
+
+    A digest, not the path: the sandbox's pid 1 is a fork of bwrap, so its environment (and
+    with it the mark) can be read from inside (``/proc/1/environ``). It also keeps the local
+    backend's scan (``local.owned_gateways``, the raw path) from taking a bwrap for its own."""
+    return OWNER_MARK_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:OWNER_MARK_HEX]
 
 
 def bwrap_path() -> str | None:
@@ -293,6 +306,14 @@ def _find_bwrap(pid: int, runtime_dir: Path) -> proctree.ProcInfo | None:
     return info
 
 
+def _find_init(runtime_dir: Path) -> proctree.ProcInfo | None:
+    """The sandbox's pid 1 named in ``runtime_dir``'s info file, if that process still runs
+    and is that sandbox's (a fork of its bwrap: the same command line); it may outlive bwrap
+    itself (killed by a signal) when the sandbox was not started to die with it."""
+    init_pid = _read_info(runtime_dir)
+    return _find_bwrap(init_pid, runtime_dir) if init_pid is not None else None
+
+
 def _runtime_dir_of(argv: list[bytes]) -> str | None:
     """The runtime dir named on a bwrap command line (the parent of its outputs bind)."""
     temp = tempfile.gettempdir()
@@ -308,7 +329,7 @@ def _runtime_dir_of(argv: list[bytes]) -> str | None:
 def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
     """Running bwrap sandboxes whose bwrap process carries ``OWNER_ENV=owner`` in its
     environment, with their runtime dirs (``remove_unknown``, ``prime-agent doctor``)."""
-    marker = f"{OWNER_ENV}={owner}".encode()
+    marker = f"{OWNER_ENV}={owner_mark(owner)}".encode()
     found = []
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not name.isdigit():
@@ -567,7 +588,7 @@ class BwrapSandbox(Sandbox):
             "PYTHONPATH": SOURCE_ROOT,
         }
         if self.backend.owner:
-            env[OWNER_ENV] = self.backend.owner
+            env[OWNER_ENV] = owner_mark(self.backend.owner)
         return env
 
     def _plan(
@@ -778,6 +799,8 @@ class BwrapSandbox(Sandbox):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
+        if self.init is None and self.child is not None and self.runtime_dir is not None:
+            self.init = _find_init(self.runtime_dir)  # a start that failed before reading it
         await _kill_sandbox(self.init, PROCESS_STOP_GRACE_S)
         child = self.child
         if child is not None:
@@ -934,7 +957,11 @@ class BwrapBackend(SandboxBackend):
                 await asyncio.to_thread(sandbox.workspace_copy.remove)
             if isinstance(exc, SandboxStartError):
                 raise
-            if isinstance(exc, (SandboxError, TimeoutError, OSError, ValueError, KeyError)):
+            if isinstance(exc, TimeoutError):
+                raise SandboxStartError(
+                    f"bwrap sandbox did not start within {self.start_timeout_s * 2:g} s"
+                ) from exc
+            if isinstance(exc, (SandboxError, OSError, ValueError, KeyError)):
                 raise SandboxStartError(f"bwrap sandbox did not start: {exc!r}") from exc
             raise
         self._owned.add(sandbox)
@@ -976,8 +1003,7 @@ class BwrapBackend(SandboxBackend):
         sandbox.runtime_dir = runtime_dir
         sandbox.token = ref.token
         sandbox.child = AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME)
-        init_pid = _read_info(runtime_dir)
-        sandbox.init = proctree.read_proc(init_pid) if init_pid is not None else None
+        sandbox.init = _find_init(runtime_dir)
         with contextlib.suppress(OSError):
             sandbox.confinement = reopen((runtime_dir / CONFINEMENT_FILE_NAME).read_text())
         if spec.snapshot_dir is not None:
@@ -1024,12 +1050,9 @@ class BwrapBackend(SandboxBackend):
         if runtime_dir is None:
             return
         info = _find_bwrap(int(ref.ref), runtime_dir) if ref.ref.isdigit() else None
+        init = _find_init(runtime_dir)  # also when bwrap itself is gone
+        await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
         if info is not None:
-            init_pid = _read_info(runtime_dir)
-            init = proctree.read_proc(init_pid) if init_pid is not None else None
-            if init is not None and init.ppid != info.pid:
-                init = None  # not that sandbox's pid 1 any more
-            await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
             await _wait_gone(info, PROCESS_STOP_GRACE_S)
             await AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME).stop(PROCESS_STOP_GRACE_S)
         confinement = None

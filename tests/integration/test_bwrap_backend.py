@@ -29,6 +29,7 @@ from orchestrator.sandbox.bwrap import (
     BwrapBackend,
     BwrapSandbox,
     owned_sandboxes,
+    owner_mark,
 )
 from tests.helpers import need, wait_until
 from tests.integration.test_docker_backend import _Echo
@@ -102,15 +103,14 @@ async def test_kernel_runs_unprivileged_in_its_own_namespaces(
             "print(os.getuid(), os.getgid(), os.getgroups())\n"
             "print(os.getcwd(), os.environ['HOME'], socket.gethostname())\n"
             "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
-            "print(sorted(p for p in os.listdir('/proc') if p.isdigit()) <= ['1','2'] or "
-            "max(int(p) for p in os.listdir('/proc') if p.isdigit()) < 100)\n",
+            "print(min(int(p) for p in os.listdir('/proc') if p.isdigit()))\n",
         )
         ids, where, caps, own_pids = out.strip().splitlines()
         expected = SANDBOX_UID if os.getuid() == 0 else os.getuid()
         assert ids.split()[0] == str(expected) and ids.split()[0] != "0"
         assert where == f"{sb.spec.cwd} /home/sandbox sandbox"
         assert int(caps, 16) == 0  # no capability at all
-        assert own_pids == "True"  # its own pid namespace: small pids only
+        assert own_pids == "1"  # its own pid namespace: bwrap's init is pid 1
         assert sb.init is not None and sb.init.pid != 1  # the host pid of its pid 1
         # the host side sees the bwrap process run as that uid too
         assert sb.child is not None
@@ -348,6 +348,24 @@ async def test_a_sandbox_outlives_its_owner_and_is_adopted(
                 "s.sendall(b'ping'); print(s.recv(10)); s.close()\n",
             )
             assert echo.strip() == "b'ping'"
+            # the owner's mark is on the host-side bwrap process, a digest: the daemon's
+            # socket path is never visible inside (bwrap's pid 1 is a fork of it)
+            mark = await _run(
+                sb,
+                "import os\n"
+                "hits = []\n"
+                "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                "    try:\n"
+                "        data = open(f'/proc/{pid}/environ', 'rb').read()\n"
+                "    except OSError:\n"
+                "        continue\n"
+                f"    hits += [pid] if {OWNER.encode()!r} in data else []\n"
+                "print(hits)\n",
+            )
+            assert mark.strip() == "[]"
+            assert f"PRIME_AGENT_SANDBOX_OWNER={owner_mark(OWNER)}".encode() in Path(
+                f"/proc/{bwrap_pid}/environ"
+            ).read_bytes().split(b"\0")
             runtime_dir = sb.runtime_dir
             await sb.stop()
             _all_gone([bwrap_pid, ready["init"], *ready["inside"]])
@@ -475,3 +493,57 @@ async def test_orchestrator_dirs_inside_the_workspace_are_hidden(
     finally:
         await sb.stop()
     assert sorted(os.listdir(data)) == ["store.duckdb"]
+
+
+async def test_a_killed_sandbox_is_reported_lost_and_still_cleaned_up(
+    backend: BwrapBackend, tmp_path: Path
+) -> None:
+    from orchestrator.errors import KernelDied
+
+    sb = await backend.create(_spec(tmp_path, "killed"))
+    try:
+        assert sb.init is not None and sb.child is not None
+        os.kill(sb.init.pid, signal.SIGKILL)  # the whole pid namespace goes with it
+        _all_gone([sb.init.pid])
+        from orchestrator.procs import ChildProcess
+
+        assert isinstance(sb.child, ChildProcess)
+        await asyncio.wait_for(sb.child.proc.wait(), GONE_TIMEOUT_S)  # bwrap exits with it
+        with pytest.raises(KernelDied, match="bwrap sandbox"):
+            await sb.execute("1", timeout_s=30, cell_id="after")
+        assert not await sb.is_alive()
+    finally:
+        runtime_dir = sb.runtime_dir
+        await sb.stop()
+    assert runtime_dir is not None and not runtime_dir.exists()
+
+
+async def test_a_start_that_times_out_leaves_nothing(
+    bwrap_here: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The gateway needs about a second to print its ready line: a start given a tenth of that
+    # gives up with the sandbox already running. It must not outlive the failed start, even
+    # though it was not started to die with its owner.
+    from orchestrator.sandbox import bwrap
+
+    seen: dict[str, Any] = {}
+    start = bwrap.BwrapSandbox.start
+
+    async def watched(self: BwrapSandbox) -> None:
+        try:
+            await start(self)
+        finally:  # before create's teardown: what ran, and where
+            assert self.runtime_dir is not None and self.child is not None
+            seen.update(dir=self.runtime_dir, bwrap=self.child.pid)
+            seen["init"] = bwrap._read_info(self.runtime_dir)
+
+    monkeypatch.setattr(bwrap.BwrapSandbox, "start", watched)
+    b = BwrapBackend(start_timeout_s=0.1)
+    try:
+        with pytest.raises(SandboxStartError, match=r"did not (become ready|start within)"):
+            await b.create(_spec(tmp_path, "slow", die_with_parent=False))
+    finally:
+        await b.close()
+    assert seen["init"] is not None  # the sandbox was running
+    assert not pid_alive(seen["bwrap"]) and not pid_alive(seen["init"])
+    assert not seen["dir"].exists()

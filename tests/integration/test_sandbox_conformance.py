@@ -61,9 +61,9 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBacken
         from orchestrator.sandbox.bwrap import BwrapBackend
         from orchestrator.sandbox.bwrap_probe import bwrap_usable
 
-        usable, why = bwrap_usable()
+        usable, reason = bwrap_usable()
         if not usable:
-            need("bwrap", why)
+            need("bwrap", reason)
         b = BwrapBackend(interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
     else:
         why = docker_ready()
