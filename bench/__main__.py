@@ -95,6 +95,12 @@ def _docker(a: argparse.Namespace) -> dict[str, Any]:
     return bench_docker.run(a.quick)
 
 
+def _bwrap(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_bwrap
+
+    return bench_bwrap.run(a.quick)
+
+
 def _tui(a: argparse.Namespace) -> dict[str, Any]:
     from bench import bench_tui
 
@@ -110,6 +116,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]
     "context": ("context assembly 1k/10k/100k events; compaction without the model", _context),
     "family": ("subagent admission, host requests, message delivery", _family),
     "docker": ("docker backend: cold/warm start, per-cell overhead, idle memory", _docker),
+    "bwrap": ("bwrap backend vs local and docker: first cell, per-cell round trip", _bwrap),
     "daemon": ("daemon: -p through it, attach latency, events/s, RSS", _daemon),
     "tui": ("TUI: transcript fold, replay render, streamed answer (no daemon)", _tui),
 }
