@@ -143,7 +143,7 @@ class ApiError(PrimeAgentError):
 class HarnessError(PrimeAgentError):
     """A Continual Harness write or refinement was refused (docs/harness.md).
 
-    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    ``code`` is a host error code (``orchestrator.runtime.wire.ERROR_CODES``) so a handler can
     pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
     """
 
@@ -190,7 +190,7 @@ class GoalError(UserError):
     """A goal request was refused (docs/control.md): a goal is already open, there is no goal,
     the objective or budget is invalid, or the change does not fit the goal's status.
 
-    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    ``code`` is a host error code (``orchestrator.runtime.wire.ERROR_CODES``) so a handler can
     pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
     """
 

@@ -29,18 +29,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from orchestrator.bus.mailbox import Mailbox
-from orchestrator.bus.protocol import (
-    ENV_HOST_SUBJECT,
-    ENV_INBOX_PREFIX,
-    ENV_NATS_PASSWORD,
-    ENV_NATS_URL,
-    ENV_NATS_USER,
-    ENV_SESSION_ID,
-    MAX_REQUEST_BYTES,
-    HostReply,
-    host_subject,
-    inbox_prefix,
-)
+from orchestrator.bus.protocol import HostReply
 from orchestrator.bus.router import HostRequestError, HostRouter
 from orchestrator.bus.server import (
     EmbeddedNats,
@@ -50,6 +39,17 @@ from orchestrator.bus.server import (
 )
 from orchestrator.errors import BusError
 from orchestrator.ids import new_session_id
+from orchestrator.runtime.wire import (
+    ENV_HOST_SUBJECT,
+    ENV_INBOX_PREFIX,
+    ENV_NATS_PASSWORD,
+    ENV_NATS_URL,
+    ENV_NATS_USER,
+    ENV_SESSION_ID,
+    MAX_REQUEST_BYTES,
+    host_subject,
+    inbox_prefix,
+)
 from tests.helpers import pids_alive, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
