@@ -3,7 +3,8 @@
 - ``ControlClient``: the async client of a running daemon's control socket (docs/protocol.md).
 - The exception tree: ``PrimeAgentError`` and its subclasses, drawn in ``orchestrator/errors.py``
   (the control API's own ``ApiError`` subclasses included).
-- The settings types: ``Settings`` and its sections, and ``load_settings`` (docs/config.md).
+- The settings types: ``Settings`` and its sections, and ``load_settings``
+  (``orchestrator/settings.py``).
 
 Everything else is internal and may change. ``tests/unit/test_public_api.py`` pins this list.
 
