@@ -5,6 +5,50 @@ they enter, so callers above the boundary catch only ``PrimeAgentError`` subclas
 ``UserError`` is something the person at the keyboard can fix: the CLI prints its message as one
 line and exits with ``EXIT_USAGE``; anything else is a bug or an outage and keeps its traceback
 behind ``--debug``.
+
+The tree (``+ X``: also a subclass of ``X``; ``(api)``: defined in ``orchestrator/api/errors.py``,
+the control API's own, which import this module; ``tests/unit/test_public_api.py`` checks this
+drawing against the classes)::
+
+    PrimeAgentError                  raised on purpose; anything else is a bug
+    ├── UserError                    the user can fix it: one line, exit 2
+    │   ├── ConfigError              a config file or option value
+    │   ├── ScheduleSpecError        a schedule or heartbeat spec
+    │   └── GoalError                .code: a host wire code
+    ├── ModelError                   .error_class: the failure in one word
+    │   ├── ModelNotFound            + UserError
+    │   ├── MissingCredentials       + UserError
+    │   ├── ModelUnreachable         + UserError
+    │   ├── EmbeddedModelError       + UserError
+    │   └── ProviderError            .status, .retryable
+    │       └── EmptyReply
+    ├── SandboxError
+    │   ├── SandboxStartError
+    │   └── KernelDied
+    ├── BusError
+    ├── StoreError
+    │   └── StoreLocked              + UserError
+    ├── ApiError                     .code: a control API wire code
+    │   ├── ApiCommandError          (api) a command failed; most wire codes
+    │   ├── ConnectionClosed         (api)
+    │   ├── ProtocolMismatch         (api) + UserError; wire code version_mismatch
+    │   ├── PermissionDenied         (api) + UserError; wire code permission_denied
+    │   ├── DaemonNotRunning         (api) + UserError
+    │   ├── DaemonUnresponsive       (api) + UserError
+    │   ├── DaemonAlreadyRunning     (api) + UserError
+    │   └── SocketPathError          (api) + UserError
+    └── HarnessError                 .code: a host wire code
+        ├── HarnessInvalid           invalid_argument
+        ├── HarnessNotFound          not_found
+        ├── HarnessConflict          conflict
+        └── HarnessQuota             quota_exceeded
+
+Wire codes: each code the daemon sends on the control socket
+(``orchestrator.api.protocol.ERROR_CODES``) maps to the ``ApiError`` class a client raises
+(``orchestrator.api.errors.WIRE_ERROR_CLASSES``). Each host-request code a kernel receives
+(``orchestrator.runtime.wire.ERROR_CODES``) maps to the kernel's own exception class
+(``orchestrator.runtime.errors.ERROR_CLASSES``, stdlib only, not part of this tree); the
+``.code`` of ``HarnessError`` and ``GoalError`` is one of those codes, passed on unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +59,12 @@ __all__ = [
     "ConfigError",
     "EmbeddedModelError",
     "EmptyReply",
+    "GoalError",
+    "HarnessConflict",
+    "HarnessError",
+    "HarnessInvalid",
+    "HarnessNotFound",
+    "HarnessQuota",
     "KernelDied",
     "MissingCredentials",
     "ModelError",
@@ -24,6 +74,7 @@ __all__ = [
     "ProviderError",
     "SandboxError",
     "SandboxStartError",
+    "ScheduleSpecError",
     "StoreError",
     "StoreLocked",
     "UserError",
@@ -143,7 +194,7 @@ class ApiError(PrimeAgentError):
 class HarnessError(PrimeAgentError):
     """A Continual Harness write or refinement was refused (docs/harness.md).
 
-    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    ``code`` is a host error code (``orchestrator.runtime.wire.ERROR_CODES``) so a handler can
     pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
     """
 
@@ -190,7 +241,7 @@ class GoalError(UserError):
     """A goal request was refused (docs/control.md): a goal is already open, there is no goal,
     the objective or budget is invalid, or the change does not fit the goal's status.
 
-    ``code`` is a host error code (``orchestrator.bus.protocol.ERROR_CODES``) so a handler can
+    ``code`` is a host error code (``orchestrator.runtime.wire.ERROR_CODES``) so a handler can
     pass it to the kernel unchanged: ``invalid_argument``, ``not_found`` or ``conflict``.
     """
 

@@ -40,6 +40,7 @@ from orchestrator.api.errors import (
     DaemonUnresponsive,
     PermissionDenied,
     ProtocolMismatch,
+    error_from_wire,
 )
 from orchestrator.api.framing import (
     LINE_TOO_LONG,
@@ -53,7 +54,6 @@ from orchestrator.api.protocol import (
     CLIENT_CAPABILITIES,
     E_INVALID_COMMAND,
     E_LINE_TOO_LONG,
-    E_PERMISSION_DENIED,
     E_VERSION_MISMATCH,
     PROTOCOL_VERSION,
     Command,
@@ -68,7 +68,6 @@ from orchestrator.api.protocol import (
     server_message_adapter,
 )
 from orchestrator.api.server import default_socket_path, version_mismatch_message
-from orchestrator.errors import ApiError
 
 __all__ = [
     "CLIENT_EVENT_QUEUE_MAX",
@@ -175,11 +174,7 @@ class ControlClient:
         except (FrameError, ValidationError):
             raise ConnectionClosed("the daemon answered the handshake with garbage") from None
         if isinstance(message, ErrorMessage):
-            if message.code == E_VERSION_MISMATCH:
-                raise ProtocolMismatch(message.code, message.message)
-            if message.code == E_PERMISSION_DENIED:
-                raise PermissionDenied(message.message)
-            raise ApiError(message.code, message.message)
+            raise error_from_wire(message.code, message.message)
         if not isinstance(message, Welcome):
             raise ConnectionClosed(f"expected welcome, got {message.type}")
         if message.protocol_version != PROTOCOL_VERSION:
@@ -235,7 +230,8 @@ class ControlClient:
         return await self.request(command)
 
     async def request(self, command: Command, *, timeout: float | None = None) -> Any:
-        """Send ``command``, wait for its response; the result, or ``ApiCommandError``."""
+        """Send ``command``, wait for its response; the result, or the error of its code
+        (``error_from_wire``: ``ApiCommandError`` for every code a command fails with)."""
         if self.closed:
             raise ConnectionClosed(self._closed_reason())
         try:
@@ -261,7 +257,7 @@ class ControlClient:
             if future.done():
                 self._pending.pop(command.command_id, None)
         if response.error is not None:
-            raise ApiCommandError(response.error.code, response.error.message)
+            raise error_from_wire(response.error.code, response.error.message)
         return response.result
 
     # ---------------------------------------------------------------------------- events

@@ -2,13 +2,23 @@
 
 Those a person can act on (no daemon, a daemon of another version, another daemon already on the
 socket) are also ``UserError``: the CLI prints them as one line.
+
+Every error code the daemon sends (``orchestrator.api.protocol.ERROR_CODES``) has the class a
+client raises for it in ``WIRE_ERROR_CLASSES``; ``error_from_wire`` builds it. The whole tree is
+drawn in ``orchestrator/errors.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from orchestrator.api.protocol import E_PERMISSION_DENIED, E_VERSION_MISMATCH, ERROR_CODES
 from orchestrator.errors import ApiError, UserError
 
 __all__ = [
+    "WIRE_ERROR_CLASSES",
     "ApiCommandError",
     "ConnectionClosed",
     "DaemonAlreadyRunning",
@@ -17,6 +27,7 @@ __all__ = [
     "PermissionDenied",
     "ProtocolMismatch",
     "SocketPathError",
+    "error_from_wire",
 ]
 
 # Codes for failures that never travel on the wire (the connection is gone or never existed).
@@ -81,3 +92,23 @@ class PermissionDenied(UserError, ApiError):
 
     def __init__(self, message: str):
         super().__init__(CODE_PERMISSION_DENIED, message)
+
+
+# The class a client raises for each wire code: the two a person acts on at connect time have
+# their own; every other code is a failed command (``ApiCommandError``, ``.code`` says which).
+_OWN_CLASSES: Final[Mapping[str, type[ApiError]]] = {
+    E_VERSION_MISMATCH: ProtocolMismatch,
+    E_PERMISSION_DENIED: PermissionDenied,
+}
+WIRE_ERROR_CLASSES: Final[Mapping[str, type[ApiError]]] = MappingProxyType(
+    {code: _OWN_CLASSES.get(code, ApiCommandError) for code in sorted(ERROR_CODES)}
+)
+
+
+def error_from_wire(code: str, message: str) -> ApiError:
+    """The exception for a wire error ``{code, message}``; an unknown code (a newer daemon) is an
+    ``ApiCommandError`` that keeps it."""
+    cls = WIRE_ERROR_CLASSES.get(code, ApiCommandError)
+    if cls is PermissionDenied:
+        return PermissionDenied(message)
+    return cls(code, message)

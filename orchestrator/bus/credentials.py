@@ -24,7 +24,9 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from orchestrator.bus.mailbox import MAILBOX_SUBJECT_PREFIX
-from orchestrator.bus.protocol import (
+from orchestrator.errors import BusError
+from orchestrator.ids import SESSION_ID_RE
+from orchestrator.runtime.wire import (
     ENV_HOST_SUBJECT,
     ENV_INBOX_PREFIX,
     ENV_NATS_JWT,
@@ -38,8 +40,6 @@ from orchestrator.bus.protocol import (
     host_subject,
     inbox_prefix,
 )
-from orchestrator.errors import BusError
-from orchestrator.ids import SESSION_ID_RE
 
 __all__ = [
     "ADMIN_INBOX_PREFIX",

@@ -39,18 +39,16 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from pydantic import ValidationError
 
-from orchestrator.bus.protocol import (
+from orchestrator.bus.protocol import HostErrorBody, HostReply, HostRequest
+from orchestrator.errors import BusError, PrimeAgentError
+from orchestrator.ids import SESSION_ID_RE
+from orchestrator.runtime.wire import (
     ERROR_CODES,
     HOST_REQUEST_TIMEOUT_S,
     HOST_SUBJECT_PREFIX,
     MAX_REQUEST_BYTES,
-    HostErrorBody,
-    HostReply,
-    HostRequest,
     inbox_prefix,
 )
-from orchestrator.errors import BusError, PrimeAgentError
-from orchestrator.ids import SESSION_ID_RE
 
 __all__ = [
     "CLOSE_GRACE_S",
@@ -80,7 +78,7 @@ REQUEST_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
 
 class HostRequestError(PrimeAgentError):
-    """Raised by a handler to refuse a request with one of ``protocol.ERROR_CODES``."""
+    """Raised by a handler to refuse a request with one of ``runtime.wire.ERROR_CODES``."""
 
     def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
         if code not in ERROR_CODES:

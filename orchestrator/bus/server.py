@@ -21,9 +21,8 @@ adopts it instead of starting another (a daemon restarting under its own sandbox
 started with ``die_with_parent`` by another, still-live process is refused: it would vanish with
 that process.
 
-``ExternalNats`` connects to a server we do not own as an admin we were given, and cannot issue
-session users there. The ``--nats-url`` mode is ``orchestrator.bus.external.DecentralizedNats``:
-an operator-mode server, where we mint per-session user JWTs with an account signing key.
+A server we do not own (``--nats-url``) is ``orchestrator.bus.external.DecentralizedNats``: an
+operator-mode server, where we mint per-session user JWTs with an account signing key.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ __all__ = [
     "AdminCredentials",
     "BusServer",
     "EmbeddedNats",
-    "ExternalNats",
     "SessionCredentials",
     "connect_nats",
     "find_nats_server_binary",
@@ -163,48 +161,6 @@ class BusServer(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
-
-
-class ExternalNats(BusServer):
-    """A NATS server someone else runs, reached with a plain user/password admin: we connect
-    and start nothing, and cannot issue session users. ``--nats-url`` uses the operator-mode
-    ``orchestrator.bus.external.DecentralizedNats`` instead, which can."""
-
-    def __init__(self, url: str, *, admin_user: str, admin_password: str) -> None:
-        self._admin = AdminCredentials(url=url, user=admin_user, password=admin_password)
-
-    @property
-    def url(self) -> str:
-        return self._admin.url
-
-    @property
-    def admin(self) -> AdminCredentials:
-        return self._admin
-
-    async def start(self) -> None:
-        nc = await connect_nats(
-            self.url,
-            user=self._admin.user,
-            password=self._admin.password,
-            name="prime-agent-probe",
-            reconnect=False,
-        )
-        await nc.close()
-
-    async def stop(self) -> None:
-        return None  # not ours to stop
-
-    async def add_session_user(self, session_id: str) -> SessionCredentials:
-        raise NotImplementedError(
-            "per-session users on an external NATS server (--nats-url) are not implemented: "
-            "that server's operator must issue them (decentralized JWT/nkeys or auth callout) "
-            "with the permissions in orchestrator.bus.server.session_permissions"
-        )
-
-    async def remove_session_user(self, session_id: str) -> None:
-        raise NotImplementedError(
-            "per-session users on an external NATS server (--nats-url) are not implemented"
-        )
 
 
 # --- the embedded server ------------------------------------------------------------------------

@@ -1,27 +1,44 @@
-"""The Continual Harness entry: its kinds, ids, limits and validation (docs/harness.md).
+"""The Continual Harness entry on the host: its record, its writes, and the host's checks.
 
 An entry is one piece of supplemental harness state the agent can read and edit: a prompt
 note, a memory, a skill or a subagent spec. Everything that writes one (the kernel's host
 requests, ``/refine``, the CLI) goes through ``orchestrator.store.harness.write_entry``, which
 checks the write with the helpers here *before* touching the database, so a refused edit leaves
-nothing behind (R20, docs/reliability.md). The limits keep one entry small enough to list and to put
-into a prompt: the harness section of the system prompt is rebuilt from these rows every turn.
+nothing behind (R20, docs/reliability.md).
 
-The base system prompt is deliberately not an entry: it is a versioned constant, and the id
-``base_system_prompt`` is refused for every kind so no edit can pretend to replace it.
+The rules themselves (kinds, scopes, ids, limits, the skill contract) are written once in
+``orchestrator/runtime/entry_rules.py``, which the kernel checks its arguments with too; each
+``check_*`` here applies that rule and turns its ``TypeError`` / ``ValueError`` into
+``HarnessInvalid`` (code ``invalid_argument``). What only the host knows stays here: who wrote
+an entry (``Source``), the actions, the owner of global entries and the default paths.
 """
 
 from __future__ import annotations
 
 import copy
-import json
-import keyword
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from orchestrator.errors import HarnessInvalid
+from orchestrator.runtime import entry_rules
+from orchestrator.runtime.entry_rules import (
+    BASE_PROMPT_ID,
+    CONTENT_MAX_CHARS,
+    ENTRY_ID_MAX_CHARS,
+    ENTRY_ID_RE,
+    JSON_FIELD_MAX_BYTES,
+    KINDS,
+    PATH_MAX_CHARS,
+    REASON_MAX_CHARS,
+    SCOPES,
+    SKILL_REFERENCE_KEYS,
+    SKILL_REFERENCE_TYPE,
+    TITLE_MAX_CHARS,
+    Kind,
+    Scope,
+)
 
 __all__ = [
     "ACTIONS",
@@ -63,10 +80,6 @@ __all__ = [
     "slugify",
 ]
 
-Kind = Literal["prompt", "memory", "skill", "subagent"]
-KINDS: Final[tuple[Kind, ...]] = get_args(Kind)
-Scope = Literal["local", "global"]
-SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
 Source = Literal["agent", "refine", "user"]  # the kernel, /refine, the CLI
 SOURCES: Final[tuple[Source, ...]] = get_args(Source)
 Action = Literal["create", "update", "delete"]
@@ -74,28 +87,15 @@ ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
 
 # The owner of global entries; local entries are owned by their session tree's root id.
 GLOBAL_OWNER: Final = "global"
-# The immutable base prompt's name: never an entry id, whatever the kind.
-BASE_PROMPT_ID: Final = "base_system_prompt"
-
-ENTRY_ID_MAX_CHARS: Final = 80
-ENTRY_ID_RE: Final = re.compile(rf"^[a-z0-9][a-z0-9_]{{0,{ENTRY_ID_MAX_CHARS - 1}}}$")
-TITLE_MAX_CHARS: Final = 200
-CONTENT_MAX_CHARS: Final = 16_000
-PATH_MAX_CHARS: Final = 200
-REASON_MAX_CHARS: Final = 1_000
-# reference / arguments / metadata, each measured as compact UTF-8 JSON.
-JSON_FIELD_MAX_BYTES: Final = 16 * 1024
 
 # Where an entry is filed when the writer names no path: prompt notes are policy.
 DEFAULT_PROMPT_PATH: Final = "policy"
 DEFAULT_PATH: Final = "general"
 
-SKILL_REFERENCE_TYPE: Final = "python"
-SKILL_REFERENCE_KEYS: Final = ("type", "import", "callable")
-
-_SLUG_SEPARATORS = re.compile(r"[^a-z0-9]+")
 # How much of a refused value an error message quotes.
-_QUOTE_CHARS = 60
+_QUOTE_CHARS: Final = 60
+
+_T = TypeVar("_T")
 
 
 def _quote(value: object) -> str:
@@ -103,13 +103,20 @@ def _quote(value: object) -> str:
     return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 1] + "…"
 
 
+def _ruled(rule: Callable[[object], _T], value: object) -> _T:
+    """``rule(value)``, its refusal as ``HarnessInvalid`` (one line, nothing written)."""
+    try:
+        return rule(value)
+    except (TypeError, ValueError) as exc:
+        raise HarnessInvalid(str(exc)) from None
+
+
 # -- names ---------------------------------------------------------------------------------------
 
 
 def slugify(title: str) -> str:
-    """A title's default id: lower case, each run of other characters one ``_``, trimmed."""
-    slug = _SLUG_SEPARATORS.sub("_", title.lower()).strip("_")
-    slug = slug[:ENTRY_ID_MAX_CHARS].rstrip("_")
+    """A title's default id (``entry_rules.slugify``); refused when there is none to derive."""
+    slug = entry_rules.slugify(title)
     if not slug:
         raise HarnessInvalid(
             f"cannot derive an id from title {_quote(title)}: it has no letters or digits"
@@ -118,32 +125,15 @@ def slugify(title: str) -> str:
 
 
 def check_entry_id(value: object) -> str:
-    if not isinstance(value, str) or not ENTRY_ID_RE.match(value):
-        raise HarnessInvalid(
-            f"invalid entry id {_quote(value)}: expected lower-case letters, digits and _ "
-            f"(starting with a letter or digit, at most {ENTRY_ID_MAX_CHARS} characters)"
-        )
-    if value == BASE_PROMPT_ID:
-        raise HarnessInvalid(
-            f"{BASE_PROMPT_ID!r} is the immutable base prompt, not a harness entry"
-        )
-    return value
+    return _ruled(entry_rules.check_entry_id, value)
 
 
 def check_kind(value: object) -> Kind:
-    for kind in KINDS:
-        if value == kind:
-            return kind
-    raise HarnessInvalid(
-        f"unknown harness kind {_quote(value)}: expected one of {', '.join(KINDS)}"
-    )
+    return _ruled(entry_rules.check_kind, value)
 
 
 def check_scope(value: object) -> Scope:
-    for scope in SCOPES:
-        if value == scope:
-            return scope
-    raise HarnessInvalid(f"unknown scope {_quote(value)}: expected one of {', '.join(SCOPES)}")
+    return _ruled(entry_rules.check_scope, value)
 
 
 def check_source(value: object) -> Source:
@@ -171,57 +161,25 @@ def default_path(kind: Kind) -> str:
 # -- fields --------------------------------------------------------------------------------------
 
 
-def _check_text(name: str, value: object, max_chars: int, *, blank_ok: bool) -> str:
-    if not isinstance(value, str):
-        raise HarnessInvalid(f"{name} must be a string, got {type(value).__name__}")
-    if not blank_ok and not value.strip():
-        raise HarnessInvalid(f"{name} must not be empty")
-    if len(value) > max_chars:
-        raise HarnessInvalid(f"{name} has {len(value):,} characters; the limit is {max_chars:,}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise HarnessInvalid(f"{name} is not valid text (it has an unpaired surrogate)") from None
-    return value
-
-
 def check_title(value: object) -> str:
-    return _check_text("title", value, TITLE_MAX_CHARS, blank_ok=False)
+    return _ruled(entry_rules.check_title, value)
 
 
 def check_content(value: object) -> str:
-    return _check_text("content", value, CONTENT_MAX_CHARS, blank_ok=False)
+    return _ruled(entry_rules.check_content, value)
 
 
 def check_path(value: object) -> str:
-    path = _check_text("path", value, PATH_MAX_CHARS, blank_ok=False)
-    if any(ch in path for ch in "\n\r\t"):
-        raise HarnessInvalid("path must be one line")
-    return path
+    return _ruled(entry_rules.check_path, value)
 
 
 def check_reason(value: object) -> str:
-    return _check_text("reason", value, REASON_MAX_CHARS, blank_ok=True)
+    return _ruled(entry_rules.check_reason, value)
 
 
 def check_json_field(name: str, value: object) -> dict[str, Any]:
     """A JSON object of bounded size (``reference``, ``arguments``, ``metadata``)."""
-    if not isinstance(value, dict):
-        raise HarnessInvalid(f"{name} must be a JSON object, got {type(value).__name__}")
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        size = len(text.encode("utf-8"))
-    except (TypeError, ValueError) as exc:
-        raise HarnessInvalid(f"{name} is not plain JSON: {exc}") from None
-    if size > JSON_FIELD_MAX_BYTES:
-        raise HarnessInvalid(
-            f"{name} is {size:,} bytes as JSON; the limit is {JSON_FIELD_MAX_BYTES:,}"
-        )
-    return value
-
-
-def _is_identifier(value: object) -> bool:
-    return isinstance(value, str) and value.isidentifier() and not keyword.iskeyword(value)
+    return _ruled(lambda v: entry_rules.check_json_object(name, v), value)
 
 
 def check_skill_contract(reference: object, arguments: object) -> None:
@@ -230,40 +188,8 @@ def check_skill_contract(reference: object, arguments: object) -> None:
     ``reference`` is ``{"type": "python", "import": "pkg.module", "callable": "name"}``;
     ``arguments`` maps each argument name to a description string or a JSON object.
     """
-    if not isinstance(reference, dict):
-        raise HarnessInvalid(
-            "a skill needs reference {'type': 'python', 'import': module, 'callable': name}"
-        )
-    unknown = sorted(str(key) for key in reference if key not in SKILL_REFERENCE_KEYS)
-    if unknown:
-        raise HarnessInvalid(f"skill reference has unknown key(s) {', '.join(unknown)}")
-    if reference.get("type") != SKILL_REFERENCE_TYPE:
-        raise HarnessInvalid(
-            f"skill reference type must be {SKILL_REFERENCE_TYPE!r}, "
-            f"got {_quote(reference.get('type'))}"
-        )
-    module = reference.get("import")
-    if not isinstance(module, str) or not all(_is_identifier(p) for p in module.split(".")):
-        raise HarnessInvalid(
-            f"skill reference import must be a dotted module name, got {_quote(module)}"
-        )
-    if not _is_identifier(reference.get("callable")):
-        raise HarnessInvalid(
-            "skill reference callable must be a Python identifier, "
-            f"got {_quote(reference.get('callable'))}"
-        )
-    if not isinstance(arguments, dict) or not arguments:
-        raise HarnessInvalid(
-            "a skill needs arguments: an object mapping each argument name to its description"
-        )
-    for name, spec in arguments.items():
-        if not _is_identifier(name):
-            raise HarnessInvalid(f"skill argument name {_quote(name)} is not a Python identifier")
-        if not isinstance(spec, str | dict):
-            raise HarnessInvalid(
-                f"skill argument {name!r} must be described by a string or an object, "
-                f"got {type(spec).__name__}"
-            )
+    _ruled(entry_rules.check_skill_reference, reference)
+    _ruled(entry_rules.check_skill_arguments, arguments)
 
 
 # -- the model -----------------------------------------------------------------------------------

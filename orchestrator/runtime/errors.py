@@ -1,7 +1,7 @@
 """Typed exceptions for host requests made from inside the kernel (stdlib only).
 
 Every failure of a host request is a ``HostError`` (a ``RuntimeError``) with ``.code`` (the
-protocol's error code, see ``orchestrator/bus/protocol.py`` ``ERROR_CODES``) and
+protocol's error code, see ``orchestrator/runtime/wire.py`` ``ERROR_CODES``) and
 ``.retry_after`` (seconds, or None). Each code has its own subclass, and the subclasses that
 have an obvious builtin counterpart also inherit from it, so plain ``except ValueError`` /
 ``except LookupError`` / ``except PermissionError`` / ``except TimeoutError`` catch them too.

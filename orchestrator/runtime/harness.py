@@ -18,9 +18,8 @@ make such edits itself, from the session's evidence.
   accept ID``) before it reaches any prompt. The answer is the version accepting it would
   write, with ``entry.proposal`` set to the proposal's id (None for a write that happened).
 
-Arguments are checked when a method is called, before anything is sent, with the host's
-limits (mirrored below; ``tests/unit/test_runtime_harness.py`` pins them to
-``orchestrator/harness/entries.py``, which this module may not import). The host checks again.
+Arguments are checked when a method is called, before anything is sent, with the rules the
+host applies too (``entry_rules.py``, the one copy); the host checks again.
 
 Wire shapes (``args`` -> ``result``; optional keys are left out when None; an entry is the
 host's ``HarnessEntry.to_wire()``):
@@ -39,14 +38,26 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
-import keyword
-import re
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from orchestrator.runtime import entry_rules
+from orchestrator.runtime.entry_rules import (
+    BASE_PROMPT_ID,
+    CONTENT_MAX_CHARS,
+    ENTRY_ID_MAX_CHARS,
+    JSON_FIELD_MAX_BYTES,
+    KINDS,
+    PATH_MAX_CHARS,
+    REASON_MAX_CHARS,
+    SCOPES,
+    SKILL_REFERENCE_KEYS,
+    SKILL_REFERENCE_TYPE,
+    TITLE_MAX_CHARS,
+    slugify,
+)
 from orchestrator.runtime.errors import InternalHostError, InvalidArgument
 from orchestrator.runtime.host import HostBound
 from orchestrator.runtime.rlm import (
@@ -79,84 +90,50 @@ __all__ = [
     "slugify",
 ]
 
-# Mirrors of orchestrator/harness/entries.py (pinned equal by a unit test).
-KINDS: Final = ("prompt", "memory", "skill", "subagent")
-SCOPES: Final = ("local", "global")
-BASE_PROMPT_ID: Final = "base_system_prompt"
-ENTRY_ID_MAX_CHARS: Final = 80
-TITLE_MAX_CHARS: Final = 200
-CONTENT_MAX_CHARS: Final = 16_000
-PATH_MAX_CHARS: Final = 200
-REASON_MAX_CHARS: Final = 1_000
-JSON_FIELD_MAX_BYTES: Final = 16 * 1024
-SKILL_REFERENCE_TYPE: Final = "python"
-SKILL_REFERENCE_KEYS: Final = ("type", "import", "callable")
-
 DEFAULT_SCOPE: Final = "local"
 SCOPE_SEPARATOR: Final = ":"
 FIRST_VERSION: Final = 1
 REPR_CONTENT_CHARS: Final = 60  # how much content an entry's repr previews
 
-_ENTRY_ID_RE: Final = re.compile(rf"[a-z0-9][a-z0-9_]{{0,{ENTRY_ID_MAX_CHARS - 1}}}")
-_SLUG_SEPARATORS: Final = re.compile(r"[^a-z0-9]+")
 _CUT_MARK: Final = "…"
+
+_T = TypeVar("_T")
 
 
 # --- argument checks --------------------------------------------------------------------------
 
 
-def slugify(title: str) -> str:
-    """A title's default id, exactly as the host derives it: lower case, each run of other
-    characters one ``_``, trimmed, at most 80 characters."""
-    slug = _SLUG_SEPARATORS.sub("_", title.lower()).strip("_")
-    return slug[:ENTRY_ID_MAX_CHARS].rstrip("_")
+def _ruled(where: str, rule: Callable[[object], _T], value: object) -> _T:
+    """``rule(value)`` with ``where`` in front of its message: a wrong type stays a
+    ``TypeError``, a broken rule becomes ``InvalidArgument``."""
+    try:
+        return rule(value)
+    except TypeError as exc:
+        raise TypeError(f"{where}: {exc}") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"{where}: {exc}") from None
 
 
 def check_text(
     where: str, what: str, value: object, max_chars: int, *, blank_ok: bool = False
 ) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: {what} must be a str, not {type(value).__name__}")
-    if not blank_ok and not value.strip():
-        raise InvalidArgument(f"{where}: {what} is empty")
-    if len(value) > max_chars:
-        raise InvalidArgument(
-            f"{where}: {what} is {len(value):,} characters; the limit is {max_chars:,}"
-        )
-    return value
+    return _ruled(
+        where, lambda v: entry_rules.check_text(what, v, max_chars, blank_ok=blank_ok), value
+    )
 
 
 def _kind(where: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: kind must be a str, not {type(value).__name__}")
-    if value not in KINDS:
-        raise InvalidArgument(f"{where}: kind must be one of {', '.join(KINDS)}, not {value!r}")
-    return value
+    return _ruled(where, entry_rules.check_kind, value)
 
 
 def check_scope(where: str, value: object) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: scope must be a str, not {type(value).__name__}")
-    if value not in SCOPES:
-        raise InvalidArgument(f"{where}: scope must be 'local' or 'global', not {value!r}")
-    return value
+    return _ruled(where, entry_rules.check_scope, value)
 
 
 def _entry_id(where: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: id must be a str, not {type(value).__name__}")
-    if not _ENTRY_ID_RE.fullmatch(value):
-        raise InvalidArgument(
-            f"{where}: invalid id {value!r}: use lower-case letters, digits and _ (starting "
-            f"with a letter or digit, at most {ENTRY_ID_MAX_CHARS} characters)"
-        )
-    if value == BASE_PROMPT_ID:
-        raise InvalidArgument(
-            f"{where}: {BASE_PROMPT_ID!r} is the immutable base prompt, not a harness entry"
-        )
-    return value
+    return _ruled(where, entry_rules.check_entry_id, value)
 
 
 def _target(where: str, value: object, scope: object) -> tuple[str, str | None]:
@@ -189,69 +166,15 @@ def _version(where: str, value: object) -> int | None:
 
 
 def _json_object(where: str, what: str, value: object) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{where}: {what} must be a dict, not {type(value).__name__}")
-    obj = dict(value)
-    try:
-        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"{where}: {what} is not plain JSON: {exc}") from None
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > JSON_FIELD_MAX_BYTES:
-        raise InvalidArgument(
-            f"{where}: {what} is {size:,} bytes as JSON; the limit is {JSON_FIELD_MAX_BYTES:,}"
-        )
-    # The JSON round trip is what the host will store (tuples become lists, and so on).
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
-
-
-def _identifier(value: object) -> bool:
-    return isinstance(value, str) and value.isidentifier() and not keyword.iskeyword(value)
+    return _ruled(where, lambda v: entry_rules.check_json_object(what, v), value)
 
 
 def _skill_reference(where: str, value: object) -> dict[str, Any]:
-    reference = _json_object(where, "reference", value)
-    unknown = sorted(key for key in reference if key not in SKILL_REFERENCE_KEYS)
-    if unknown:
-        raise InvalidArgument(
-            f"{where}: reference has unknown key(s) {', '.join(unknown)}; it is "
-            "{'type': 'python', 'import': module, 'callable': name}"
-        )
-    if reference.get("type") != SKILL_REFERENCE_TYPE:
-        raise InvalidArgument(
-            f"{where}: reference type must be {SKILL_REFERENCE_TYPE!r}, "
-            f"not {reference.get('type')!r}"
-        )
-    module = reference.get("import")
-    if not isinstance(module, str) or not all(_identifier(p) for p in module.split(".")):
-        raise InvalidArgument(
-            f"{where}: reference import must be a dotted module name, not {module!r}"
-        )
-    if not _identifier(reference.get("callable")):
-        raise InvalidArgument(
-            f"{where}: reference callable must be a name in that module, "
-            f"not {reference.get('callable')!r}"
-        )
-    return reference
+    return _ruled(where, entry_rules.check_skill_reference, value)
 
 
 def _skill_arguments(where: str, value: object) -> dict[str, Any]:
-    arguments = _json_object(where, "arguments", value)
-    if not arguments:
-        raise InvalidArgument(
-            f"{where}: arguments must name each argument of the skill, e.g. "
-            "{'path': 'the file to read'}"
-        )
-    for name, spec in arguments.items():
-        if not _identifier(name):
-            raise InvalidArgument(f"{where}: argument name {name!r} is not a Python identifier")
-        if not isinstance(spec, str | dict):
-            raise InvalidArgument(
-                f"{where}: argument {name!r} must be described by a str or a dict, "
-                f"not {type(spec).__name__}"
-            )
-    return arguments
+    return _ruled(where, entry_rules.check_skill_arguments, value)
 
 
 def _put(args: dict[str, Any], key: str, value: object) -> None:

@@ -1,11 +1,24 @@
-"""The few host-request wire constants the in-kernel runtime needs (stdlib only).
+"""The host-request contract between a kernel and the orchestrator (stdlib only; the one copy).
 
-These duplicate ``orchestrator/bus/protocol.py`` on purpose: code under ``orchestrator/runtime``
-runs inside the kernel and may import nothing from the host side (no pydantic).
-``tests/unit/test_runtime_api.py`` asserts that both stay equal.
+A kernel publishes requests on its own subject ``pa.host.<session_id>`` and receives replies on
+its own inbox ``_INBOX.<session_id>.>``; NATS permissions allow it nothing else (R17), so the
+subject a request arrives on *is* the sender's identity (R18) — nothing in the payload is.
+
+Request (JSON):  ``{"v": 1, "type": "rlm.run", "args": {...}}``
+Reply (JSON):    ``{"ok": true, "result": <any JSON>}``
+             or  ``{"ok": false, "error": {"code": "...", "message": "...", "retry_after": 1.5}}``
+
+This module is written once, on the kernel's side of the boundary: code under
+``orchestrator/runtime`` runs inside the sandbox and imports only the stdlib and what the session
+image carries, so the host imports these names from here (``orchestrator/bus/router.py``,
+``credentials.py``, the sandbox backends), never the other way round. The host's validated view
+of the shapes above (pydantic models) is ``orchestrator/bus/protocol.py``; the kernel builds and
+reads them as plain dicts (``orchestrator/runtime/host.py``).
 """
 
 from __future__ import annotations
+
+from typing import Final, Literal
 
 __all__ = [
     "ENV_DEPTH",
@@ -19,37 +32,98 @@ __all__ = [
     "ENV_NATS_USER",
     "ENV_REQUEST_TIMEOUT_S",
     "ENV_SESSION_ID",
+    "ERROR_CODES",
     "HOST_REQUEST_TIMEOUT_S",
     "HOST_SUBJECT_PREFIX",
     "INBOX_PREFIX",
     "MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",
+    "REQUEST_TYPES",
     "host_subject",
     "inbox_prefix",
 ]
 
-PROTOCOL_VERSION = 1
-HOST_SUBJECT_PREFIX = "pa.host"
-INBOX_PREFIX = "_INBOX"
-HOST_REQUEST_TIMEOUT_S = 30.0
-MAX_REQUEST_BYTES = 1024 * 1024
+PROTOCOL_VERSION: Final[Literal[1]] = 1
+HOST_SUBJECT_PREFIX: Final = "pa.host"
+INBOX_PREFIX: Final = "_INBOX"
+HOST_REQUEST_TIMEOUT_S: Final = 30.0  # docs/spec.md §3: every host request has this default
+MAX_REQUEST_BYTES: Final = 1024 * 1024
 
-ENV_NATS_URL = "PRIME_AGENT_NATS_URL"
-ENV_NATS_USER = "PRIME_AGENT_NATS_USER"
-ENV_NATS_PASSWORD = "PRIME_AGENT_NATS_PASSWORD"
-ENV_NATS_JWT = "PRIME_AGENT_NATS_JWT"
-ENV_NATS_NKEY_SEED = "PRIME_AGENT_NATS_NKEY_SEED"
-ENV_SESSION_ID = "PRIME_AGENT_SESSION_ID"
-ENV_HOST_SUBJECT = "PRIME_AGENT_HOST_SUBJECT"
-ENV_INBOX_PREFIX = "PRIME_AGENT_INBOX_PREFIX"
-ENV_DEPTH = "PRIME_AGENT_DEPTH"
-ENV_MAX_DEPTH = "PRIME_AGENT_MAX_DEPTH"
-ENV_REQUEST_TIMEOUT_S = "PRIME_AGENT_REQUEST_TIMEOUT_S"
+# Environment a sandbox gets (names only; values are per-session and never logged).
+ENV_NATS_URL: Final = "PRIME_AGENT_NATS_URL"
+ENV_NATS_USER: Final = "PRIME_AGENT_NATS_USER"
+ENV_NATS_PASSWORD: Final = "PRIME_AGENT_NATS_PASSWORD"
+# External server (decentralized auth): a user JWT and its nkey seed instead of user/password.
+ENV_NATS_JWT: Final = "PRIME_AGENT_NATS_JWT"
+ENV_NATS_NKEY_SEED: Final = "PRIME_AGENT_NATS_NKEY_SEED"
+ENV_SESSION_ID: Final = "PRIME_AGENT_SESSION_ID"
+ENV_HOST_SUBJECT: Final = "PRIME_AGENT_HOST_SUBJECT"
+ENV_INBOX_PREFIX: Final = "PRIME_AGENT_INBOX_PREFIX"
+ENV_DEPTH: Final = "PRIME_AGENT_DEPTH"
+ENV_MAX_DEPTH: Final = "PRIME_AGENT_MAX_DEPTH"
+ENV_REQUEST_TIMEOUT_S: Final = "PRIME_AGENT_REQUEST_TIMEOUT_S"
+
+# Every request type the host answers; the runtime's helpers send exactly these.
+REQUEST_TYPES: Final = frozenset(
+    {
+        "rlm.run",
+        "rlm.list_subagents",
+        "rlm.delete_subagent",
+        "rlm.find_models",
+        "rlm.query",
+        "rlm.query_batched",
+        "agent_message.send",
+        "agent_message.list_agents",
+        "agent_observe.list",
+        "agent_observe.get",
+        "agent_observe.recent",
+        "history.search",
+        "history.get",
+        "history.tail",
+        "compact.run",
+        "compact.status",
+        "harness.create",
+        "harness.update",
+        "harness.delete",
+        "harness.list",
+        "harness.get",
+        "harness.history",
+        "refine.run",
+        "refine.status",
+        "refine.rollback",
+        # docs/control.md: goals and heartbeats
+        "goal.create",
+        "goal.get",
+        "goal.complete",
+        "rlm_heartbeat.create",
+        "rlm_heartbeat.list",
+        "rlm_heartbeat.update",
+        "rlm_heartbeat.delete",
+    }
+)
+
+# code -> meaning. The runtime maps each to an exception class (``runtime/errors.py``
+# ``ERROR_CLASSES``); the host refuses any other code (``bus/router.py`` ``HostRequestError``).
+ERROR_CODES: Final = {
+    "invalid_argument": "a bad argument (wrong type, too long, unknown name)",
+    "unknown_request": "the request type does not exist or is not enabled",
+    "not_found": "the named agent or child does not exist",
+    "not_family": "the target is not the caller's parent, sibling or child",
+    "depth_limit": "spawning would exceed the maximum depth",
+    "quota_exceeded": "too many live children, or too many pending messages for a target",
+    "budget_exceeded": "the token budget does not allow this",
+    "rate_limited": "too many messages per second to one target (see retry_after)",
+    "model_unavailable": "the requested model cannot be used with current credentials",
+    "conflict": "the harness entry changed since the version the write was based on",
+    "internal": "the orchestrator failed; the message says how",
+}
 
 
 def host_subject(session_id: str) -> str:
+    """The one subject ``session_id`` may publish requests on."""
     return f"{HOST_SUBJECT_PREFIX}.{session_id}"
 
 
 def inbox_prefix(session_id: str) -> str:
+    """The prefix of the only inboxes ``session_id`` may subscribe to (replies)."""
     return f"{INBOX_PREFIX}.{session_id}"

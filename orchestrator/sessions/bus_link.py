@@ -36,7 +36,6 @@ from orchestrator.bus.server import BusServer, EmbeddedNats
 from orchestrator.errors import BusError
 from orchestrator.ids import SESSION_ID_RE
 from orchestrator.paths import Paths, ensure_private_dir
-from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.settings import NatsSettings
 
 log = logging.getLogger(__name__)
@@ -57,8 +56,9 @@ ROUTED_FILE: Final = "routed-sessions.json"
 EXTERNAL_SUBDIR: Final = "nats-external"
 
 
-class MailboxBus(SessionBus):
-    """The mailbox half of a bus: call ``_open_mailbox(nc)`` once the admin client is up."""
+class MailboxBus:
+    """The mailbox half of a ``SessionBus`` (``sessions/session_bus.py``): call
+    ``_open_mailbox(nc)`` once the admin client is up."""
 
     _mailbox: Mailbox | None = None
     _mailbox_nc: Any = None

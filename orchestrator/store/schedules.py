@@ -114,7 +114,7 @@ _CUT_MARK: Final = "…"
 
 
 class ScheduleError(UserError):
-    """A schedule change was refused; ``code`` is a host error code (``bus.protocol``) so a
+    """A schedule change was refused; ``code`` is a host error code (``runtime.wire``) so a
     handler passes it on unchanged, and the control API maps it to its own."""
 
     code = "invalid_argument"

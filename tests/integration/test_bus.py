@@ -29,7 +29,18 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from orchestrator.bus.mailbox import Mailbox
-from orchestrator.bus.protocol import (
+from orchestrator.bus.protocol import HostReply
+from orchestrator.bus.router import HostRequestError, HostRouter
+from orchestrator.bus.server import (
+    AdminCredentials,
+    EmbeddedNats,
+    SessionCredentials,
+    connect_nats,
+    session_permissions,
+)
+from orchestrator.errors import BusError
+from orchestrator.ids import new_session_id
+from orchestrator.runtime.wire import (
     ENV_HOST_SUBJECT,
     ENV_INBOX_PREFIX,
     ENV_NATS_PASSWORD,
@@ -37,19 +48,9 @@ from orchestrator.bus.protocol import (
     ENV_NATS_USER,
     ENV_SESSION_ID,
     MAX_REQUEST_BYTES,
-    HostReply,
     host_subject,
     inbox_prefix,
 )
-from orchestrator.bus.router import HostRequestError, HostRouter
-from orchestrator.bus.server import (
-    EmbeddedNats,
-    ExternalNats,
-    SessionCredentials,
-    session_permissions,
-)
-from orchestrator.errors import BusError
-from orchestrator.ids import new_session_id
 from tests.helpers import pids_alive, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
@@ -635,17 +636,18 @@ async def test_router_and_sessions_survive_a_server_restart(
         await client.nc.close()
 
 
-async def test_external_server_mode_connects_but_does_not_manage_users(
-    bus: EmbeddedNats,
-) -> None:
-    external = ExternalNats(bus.url, admin_user=bus.admin.user, admin_password=bus.admin.password)
-    await external.start()
-    assert external.url == bus.url
-    with pytest.raises(NotImplementedError, match="external NATS"):
-        await external.add_session_user(new_session_id())
-    await external.stop()
+async def test_a_wrong_admin_password_is_refused_as_a_bus_error(bus: EmbeddedNats) -> None:
+    admin = bus.admin
+    assert isinstance(admin, AdminCredentials)
     with pytest.raises(BusError):
-        await ExternalNats(bus.url, admin_user="admin", admin_password="wrong").start()
+        await connect_nats(
+            bus.url, user=admin.user, password="wrong", name="prime-agent-test", reconnect=False
+        )
+    nc = await connect_nats(
+        bus.url, user=admin.user, password=admin.password, name="prime-agent-test", reconnect=False
+    )
+    assert nc.is_connected
+    await nc.close()
 
 
 # --- mailboxes --------------------------------------------------------------------------------

@@ -40,7 +40,12 @@ from orchestrator.bus.mailbox import MAILBOX_STREAM
 from orchestrator.bus.nats_jwt import KeyKind, Keys, creds_text, decode_jwt, verify_jwt
 from orchestrator.bus.operator import OperatorModeServer, OperatorSetup
 from orchestrator.bus.process import free_port
-from orchestrator.bus.protocol import (
+from orchestrator.bus.protocol import HostReply
+from orchestrator.daemon.bus import daemon_bus
+from orchestrator.errors import ConfigError
+from orchestrator.ids import new_session_id
+from orchestrator.paths import Paths
+from orchestrator.runtime.wire import (
     ENV_INBOX_PREFIX,
     ENV_NATS_JWT,
     ENV_NATS_NKEY_SEED,
@@ -48,14 +53,9 @@ from orchestrator.bus.protocol import (
     ENV_NATS_URL,
     ENV_NATS_USER,
     ENV_SESSION_ID,
-    HostReply,
     host_subject,
     inbox_prefix,
 )
-from orchestrator.daemon.bus import daemon_bus
-from orchestrator.errors import ConfigError
-from orchestrator.ids import new_session_id
-from orchestrator.paths import Paths
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.settings import NatsSettings
 from orchestrator.testing import FakeModelServer

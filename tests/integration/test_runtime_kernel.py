@@ -27,7 +27,7 @@ import pytest_asyncio
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from orchestrator.bus import protocol
+from orchestrator.runtime import wire
 from orchestrator.runtime.errors import HostTimeout, HostUnavailable, NotFound
 from orchestrator.runtime.host import HostClient
 from orchestrator.sandbox.base import CellResult, SandboxSpec
@@ -62,19 +62,19 @@ def _free_port() -> int:
 def _session_user(sid: str) -> str:
     return (
         f"{{ user: {sid}, password: {PASSWORDS[sid]}, permissions: {{ "
-        f'publish: {{ allow: ["{protocol.host_subject(sid)}"] }}, '
-        f'subscribe: {{ allow: ["{protocol.inbox_prefix(sid)}.>"] }} }} }}'
+        f'publish: {{ allow: ["{wire.host_subject(sid)}"] }}, '
+        f'subscribe: {{ allow: ["{wire.inbox_prefix(sid)}.>"] }} }} }}'
     )
 
 
 def session_env(url: str, sid: str, **extra: str) -> dict[str, str]:
     return {
-        protocol.ENV_NATS_URL: url,
-        protocol.ENV_NATS_USER: sid,
-        protocol.ENV_NATS_PASSWORD: PASSWORDS[sid],
-        protocol.ENV_SESSION_ID: sid,
-        protocol.ENV_HOST_SUBJECT: protocol.host_subject(sid),
-        protocol.ENV_INBOX_PREFIX: protocol.inbox_prefix(sid),
+        wire.ENV_NATS_URL: url,
+        wire.ENV_NATS_USER: sid,
+        wire.ENV_NATS_PASSWORD: PASSWORDS[sid],
+        wire.ENV_SESSION_ID: sid,
+        wire.ENV_HOST_SUBJECT: wire.host_subject(sid),
+        wire.ENV_INBOX_PREFIX: wire.inbox_prefix(sid),
         **extra,
     }
 
@@ -196,7 +196,7 @@ async def bus(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Bus]:
 async def host(bus: Bus) -> AsyncIterator[FakeHost]:
     admin = await _connect_with_retries(bus.url, bus.process)
     fake = FakeHost(admin=admin)
-    await admin.subscribe(protocol.host_subject(SID), cb=fake.handle)
+    await admin.subscribe(wire.host_subject(SID), cb=fake.handle)
     await admin.flush()
     yield fake
     await admin.close()
@@ -219,7 +219,7 @@ async def kernel(
         cwd=tmp,
         artifacts_dir=tmp / "artifacts",
         env=session_env(
-            bus.url, SID, **{protocol.ENV_REQUEST_TIMEOUT_S: str(KERNEL_REQUEST_TIMEOUT_S)}
+            bus.url, SID, **{wire.ENV_REQUEST_TIMEOUT_S: str(KERNEL_REQUEST_TIMEOUT_S)}
         ),
     )
     sandbox = await backend.create(spec)
@@ -259,7 +259,7 @@ async def test_spawn_returns_the_handle_at_admission(kernel: Kernel, host: FakeH
         "model='fake/model')"
     )
     subject, body = host.requests[before]
-    assert subject == protocol.host_subject(SID)
+    assert subject == wire.host_subject(SID)
     assert body == {"v": 1, "type": "rlm.run", "args": {"prompt": "do x", "name": "w1"}}
     assert "sender" not in json.dumps(body)
     assert ok(await cell(kernel, "type(rlm).__name__, h.name")).result == "('Rlm', 'w1')"
@@ -410,7 +410,7 @@ async def test_nobody_listening_is_host_unavailable(bus: Bus) -> None:
 
 async def test_denied_subject_is_reported_not_just_timed_out(bus: Bus, host: FakeHost) -> None:
     # R17: a session's credentials cannot publish on another session's host subject.
-    env = session_env(bus.url, SID_ALONE, **{protocol.ENV_HOST_SUBJECT: protocol.host_subject(SID)})
+    env = session_env(bus.url, SID_ALONE, **{wire.ENV_HOST_SUBJECT: wire.host_subject(SID)})
     client = HostClient(env)
     before = len(host.requests)
     await _fails(
@@ -423,7 +423,7 @@ async def test_denied_subject_is_reported_not_just_timed_out(bus: Bus, host: Fak
 
 
 async def test_bad_credentials_and_no_server_fail_fast(bus: Bus) -> None:
-    wrong = HostClient({**session_env(bus.url, SID), protocol.ENV_NATS_PASSWORD: "wrong"})
+    wrong = HostClient({**session_env(bus.url, SID), wire.ENV_NATS_PASSWORD: "wrong"})
     took = await _fails(
         lambda: wrong.request("rlm.list_subagents", {}),
         HostUnavailable,

@@ -118,7 +118,8 @@ def test_slugify_and_ids() -> None:
     with pytest.raises(HarnessInvalid):
         slugify("  !!! ")
     assert check_entry_id("a_1") == "a_1"
-    for bad in ("", "_a", "A", "a-b", "a" * (ENTRY_ID_MAX_CHARS + 1), BASE_PROMPT_ID, 3):
+    # "a_1\n": a trailing newline once slipped past a ^...$ pattern (now a full match).
+    for bad in ("", "_a", "A", "a-b", "a_1\n", "a" * (ENTRY_ID_MAX_CHARS + 1), BASE_PROMPT_ID, 3):
         with pytest.raises(HarnessInvalid):
             check_entry_id(bad)
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bus import protocol
 from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES, _LazyHelper, wire
 from orchestrator.runtime.errors import (
     ERROR_CLASSES,
@@ -88,18 +87,9 @@ def client() -> RecordingClient:
 # --- constants --------------------------------------------------------------------------------
 
 
-def test_wire_constants_equal_protocol() -> None:
-    names = [name for name in wire.__all__ if name.isupper()]
-    assert names, "wire exports constants"
-    for name in names:
-        assert getattr(wire, name) == getattr(protocol, name), name
-    assert wire.host_subject(SID) == protocol.host_subject(SID)
-    assert wire.inbox_prefix(SID) == protocol.inbox_prefix(SID)
-
-
-def test_every_protocol_error_code_has_a_class() -> None:
+def test_every_wire_error_code_has_a_class() -> None:
     host_codes = set(ERROR_CLASSES) - {"timeout", "unavailable"}
-    assert host_codes == set(protocol.ERROR_CODES)
+    assert host_codes == set(wire.ERROR_CODES)
     for code, cls in ERROR_CLASSES.items():
         assert cls.default_code == code
 
@@ -111,7 +101,7 @@ def test_every_request_type_is_covered_by_a_helper() -> None:
 
     modules = (rlm, messaging, history, harness, refine, goal, heartbeat)
     source = "".join(inspect.getsource(module) for module in modules)
-    for request_type in protocol.REQUEST_TYPES:
+    for request_type in wire.REQUEST_TYPES:
         assert f'"{request_type}"' in source or request_type.split(".")[1] in source
 
 
@@ -231,8 +221,8 @@ def test_config_from_env() -> None:
             wire.ENV_REQUEST_TIMEOUT_S: "2.5",
         }
     )
-    assert config.subject == protocol.host_subject(SID)
-    assert config.inbox_prefix == protocol.inbox_prefix(SID)
+    assert config.subject == f"pa.host.{SID}"
+    assert config.inbox_prefix == f"_INBOX.{SID}"
     assert config.timeout_s == 2.5
     assert "secret-pw" not in repr(config)
     for raw in ("", "x", "-1", "0"):

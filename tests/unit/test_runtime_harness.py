@@ -27,7 +27,6 @@ from orchestrator.harness.proposals import accept_proposal, reject_proposal
 from orchestrator.harness.refine import Refiner
 from orchestrator.harness.service import HarnessService
 from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES
-from orchestrator.runtime import harness as kernel_harness
 from orchestrator.runtime.errors import (
     ERROR_CLASSES,
     Conflict,
@@ -75,32 +74,72 @@ def wire_entry(**changes: Any) -> dict[str, Any]:
     return entry
 
 
-# --- the kernel's copy of the host's rules ------------------------------------------------------
-
-
-def test_mirrored_constants_equal_the_host_entry_model() -> None:
-    for name in (
-        "KINDS",
-        "SCOPES",
-        "BASE_PROMPT_ID",
-        "ENTRY_ID_MAX_CHARS",
-        "TITLE_MAX_CHARS",
-        "CONTENT_MAX_CHARS",
-        "PATH_MAX_CHARS",
-        "REASON_MAX_CHARS",
-        "JSON_FIELD_MAX_BYTES",
-        "SKILL_REFERENCE_TYPE",
-        "SKILL_REFERENCE_KEYS",
-    ):
-        assert getattr(kernel_harness, name) == getattr(host_entries, name), name
+# --- one set of rules, two ways to refuse ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "title",
-    ["Deploy notes", "  Ünïcode — tést!! ", "a" * 120, "x_" * 60, "CamelCase2Go", "--x--"],
+    ("kernel_call", "host_check", "kernel_exc"),
+    [
+        (lambda h: h.create("fact", "t", "c"), lambda: host_entries.check_kind("fact"), None),
+        (
+            lambda h: h.create_memory("t", "c", id="Bad-Id"),
+            lambda: host_entries.check_entry_id("Bad-Id"),
+            None,
+        ),
+        (
+            lambda h: h.create_prompt("t", "c", id="base_system_prompt"),
+            lambda: host_entries.check_entry_id("base_system_prompt"),
+            None,
+        ),
+        (
+            lambda h: h.create_memory("t" * 201, "c"),
+            lambda: host_entries.check_title("t" * 201),
+            None,
+        ),
+        (
+            lambda h: h.create_memory("t", "c", path="a\nb"),
+            lambda: host_entries.check_path("a\nb"),
+            None,
+        ),
+        (
+            lambda h: h.create_skill(
+                "t", "c", reference={**GOOD_REF, "type": "js"}, arguments={"a": "x"}
+            ),
+            lambda: host_entries.check_skill_contract({**GOOD_REF, "type": "js"}, {"a": "x"}),
+            None,
+        ),
+        (
+            lambda h: h.create_skill("t", "c", reference=GOOD_REF, arguments={"a b": "x"}),
+            lambda: host_entries.check_skill_contract(GOOD_REF, {"a b": "x"}),
+            None,
+        ),
+        (
+            lambda h: h.create_memory("t", "c", reason=5),
+            lambda: host_entries.check_reason(5),
+            TypeError,
+        ),
+    ],
 )
-def test_the_kernel_slug_is_the_hosts(title: str) -> None:
-    assert slugify(title) == host_entries.slugify(title)
+def test_the_kernel_refuses_what_the_host_refuses_with_the_same_words(
+    kernel_call: Any, host_check: Any, kernel_exc: type[Exception] | None
+) -> None:
+    """Both sides apply ``runtime/entry_rules.py``: the kernel says ``harness.<call>: <rule>``
+    as ``InvalidArgument`` (``TypeError`` for a wrong type), the host says ``<rule>`` as
+    ``HarnessInvalid`` (code ``invalid_argument``), so a refusal reads the same everywhere."""
+    with pytest.raises(HarnessInvalid) as host:
+        host_check()
+    assert host.value.code == "invalid_argument"
+    with pytest.raises(kernel_exc or InvalidArgument) as kernel:
+        kernel_call(Harness(RecordingClient()))
+    where, _, said = str(kernel.value).partition(": ")
+    assert where.startswith("harness.") and said == str(host.value)
+
+
+def test_slugify_is_the_hosts_default_id() -> None:
+    assert slugify("  Ünïcode — tést!! ") == host_entries.slugify("  Ünïcode — tést!! ")
+    assert slugify("!!!") == ""  # the kernel then asks for id=; the host refuses outright
+    with pytest.raises(HarnessInvalid, match="no letters or digits"):
+        host_entries.slugify("!!!")
 
 
 def test_conflict_is_the_runtime_class_for_code_conflict() -> None:

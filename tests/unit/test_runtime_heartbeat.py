@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from orchestrator.bus.protocol import REQUEST_TYPES
 from orchestrator.bus.router import HostRequestError
 from orchestrator.control import schedule_service as service_module
 from orchestrator.control.schedule_service import (
@@ -46,6 +45,7 @@ from orchestrator.runtime.errors import (
     error_from_reply,
 )
 from orchestrator.runtime.heartbeat import RlmHeartbeat, rlm_heartbeat
+from orchestrator.runtime.wire import REQUEST_TYPES
 from orchestrator.store import schedules as ss
 from orchestrator.store.db import Store
 from tests.unit.test_runtime_api import RecordingClient
