@@ -412,10 +412,9 @@ def select_recorded_message_ids(
     # A batch of subagent notices (sessions/notices.py) records its other deliveries' ids in
     # ``merged_message_ids``: few rows have one, so they are read whole and matched here.
     merged = con.execute(
-        "SELECT payload->'merged_message_ids' FROM events "
+        "SELECT json_extract(payload, '$.merged_message_ids') FROM events "
         "WHERE session_id = $1 AND type = 'user_message' "
-        "AND payload->'merged_message_ids' IS NOT NULL "
-        "AND json_type(payload->'merged_message_ids') = 'ARRAY'",
+        "AND json_type(json_extract(payload, '$.merged_message_ids')) = 'ARRAY'",
         [session_id],
     ).fetchall()
     wanted = set(message_ids)
