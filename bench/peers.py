@@ -81,7 +81,7 @@ def ensure_peers_venv() -> None:
         subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
     has_pip = subprocess.run([str(PEER_PYTHON), "-m", "pip", "--version"], capture_output=True)
     if has_pip.returncode != 0:  # a venv made without pip (uv venv)
-        subprocess.run([str(PEER_PYTHON), "-m", "ensurepip", "-q"], check=True)
+        subprocess.run([str(PEER_PYTHON), "-m", "ensurepip"], check=True)
     print(f"installing {', '.join(PINS)} into {PEERS_VENV} (PyPI) ...", flush=True)
     subprocess.run(
         [str(PEER_PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS],
