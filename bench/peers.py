@@ -182,11 +182,15 @@ def ours_cold_p(runs: int, base: Path) -> list[float]:
         return [bench_cold_start._one(srv.url, base)[1] for _ in range(runs)]
 
 
-def ours_memory(runs: int, steps: int, base: Path) -> tuple[list[float], list[float]]:
-    """(peak RSS of the whole tree, of the host side without gateway and kernel), MiB."""
+def ours_memory(
+    runs: int, steps: int, base: Path
+) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    """(peak RSS of the whole tree, of the host side without gateway and kernel, MiB by role at
+    the peak). A sandbox started in a scope of its own is outside the tree and counts in
+    neither."""
     from bench import bench_memory, bench_overhead
 
-    whole, host = [], []
+    whole, host, roles = [], [], []
     with FakeServerProcess(bench_overhead._script(steps), base) as srv:
         for _ in range(runs):
             srv.load(bench_overhead._script(steps))
@@ -197,7 +201,8 @@ def ours_memory(runs: int, steps: int, base: Path) -> tuple[list[float], list[fl
             whole.append(r["peak_rss_mib"])
             sandbox = sum(r["at_peak_mib"].get(role, 0.0) for role in SANDBOX_ROLES)
             host.append(r["peak_rss_mib"] - sandbox)
-    return whole, host
+            roles.append(dict(r["at_peak_mib"]))
+    return whole, host, roles
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -306,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if "memory" in args.scenarios:
             print("ours: memory ...", flush=True)
-            whole, host = ours_memory(args.runs, args.steps, base)
+            whole, host, roles = ours_memory(args.runs, args.steps, base)
+            print(f"   our tree by role at its peak (MiB): {roles}", flush=True)
             peak = {p: [r["peak_rss_mib"] for r in peer_runs[p]] for p in peers}
             rows.append(
                 {
