@@ -76,3 +76,8 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# Peers side by side (issue 18): smolagents and rlms in bench/.venv-peers, same scripted model.
+.PHONY: bench-peers
+bench-peers: install
+	$(BIN)/python -m bench.peers $(PEERS_ARGS)

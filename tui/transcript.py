@@ -104,6 +104,8 @@ class Transcript:
         return handler(self, key, payload)
 
     def _user(self, key: str, p: dict[str, Any]) -> list[Item]:
+        if p.get("notice_ids"):
+            return []  # subagent notices batched for the model: each notice item is shown
         source = p.get("source", "user")
         label = {"user": "you", "parent": "task", "harness": "harness"}.get(source, "")
         if source == "agent":

@@ -58,6 +58,8 @@ def render_event(event: dict[str, Any]) -> list[str]:
     kind = event.get("type")
     payload = event.get("payload") or {}
     if kind == "user_message":
+        if payload.get("notice_ids"):
+            return []  # subagent notices on their way to the model: each was shown already
         return [f"» {_speaker(payload)}:", *_clip(str(payload.get("text", "")), _INDENT)]
     if kind == "assistant_message":
         lines: list[str] = []

@@ -39,6 +39,12 @@ from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.context import ContextBuilder
 from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
+from orchestrator.sessions.notices import (
+    NOTICE_GATHER_S,
+    gather_notices,
+    is_notice,
+    notice_message,
+)
 from orchestrator.sessions.post_turn import after_turn
 from orchestrator.sessions.prompting import PromptBuilder
 from orchestrator.sessions.sandbox_policy import apply_policy, policy_for
@@ -490,13 +496,17 @@ class Orchestrator:
             self.budgets.spend(
                 live.id, billable_tokens(payload.input, payload.output, payload.cache_write)
             )
-        if isinstance(payload, UserMessagePayload) and payload.message_id is not None:
-            live.inflight.discard(payload.message_id)  # after the commit: the store has it now
-            if self.bus is not None:
-                # Committed first, acked second: a crash in between leaves the message in both
-                # places, and redelivery drops it by message id (exactly once into context,
-                # R4). In the background: the ack is cleanup; a slow bus must not stall a turn.
-                self._background(self._ack(live.id, payload.message_id))
+        if isinstance(payload, UserMessagePayload):
+            # A batch of notices (sessions/notices.py) records several deliveries at once.
+            ids = [payload.message_id] if payload.message_id is not None else []
+            for message_id in ids + list(payload.merged_message_ids or ()):
+                live.inflight.discard(message_id)  # after the commit: the store has it now
+                if self.bus is not None:
+                    # Committed first, acked second: a crash in between leaves the message in
+                    # both places, and redelivery drops it by message id (exactly once into
+                    # context, R4). In the background: the ack is cleanup; a slow bus must not
+                    # stall a turn.
+                    self._background(self._ack(live.id, message_id))
         self._push(rec)
         return rec
 
@@ -575,6 +585,11 @@ class Orchestrator:
             await self._set_state(live, "running")
             outcome: TurnOutcome | None = None
             try:
+                if is_notice(item):
+                    # Every notice queued now (or, within the gather window, by a sibling that
+                    # is finishing) goes into this one turn.
+                    await self._await_sibling_notices(live)
+                    item = gather_notices(live, item)
                 await self.sandboxes.before_turn(live)  # revival note; a failed one retries
                 await self._record_notes(live)
                 outcome = await live.loop.run(item.payload)
@@ -657,17 +672,35 @@ class Orchestrator:
         else:
             detail = outcome.final_text or (str(outcome.error) if outcome.error else "")
             text = f"[{label} stopped: {outcome.reason}. {detail}]".strip()
-        await self.record(parent, "notice", NoticePayload(text=text))
+        rec = await self.record(parent, "notice", NoticePayload(text=text))
         # Durable like an agent message: a notice queued behind a busy parent survives a crash.
+        # Its text reaches the model once, in the parent's next turn, batched with every other
+        # notice queued by then (sessions/notices.py); views show the notice event only.
+        message = notice_message(text, rec.id)
         try:
-            await self.deliver(parent, UserMessagePayload(text=text, source="harness"))
+            await self.deliver(parent, message)
         except Exception as exc:  # the bus failed: the notice still reaches a live parent
             log.warning("notice for %s not stored durably: %s", parent.id, exc)
             with contextlib.suppress(ValueError):
-                self.submit(
-                    parent,
-                    Inbound(UserMessagePayload(text=text, source="harness"), mode="follow_up"),
-                )
+                self.submit(parent, Inbound(message, mode="follow_up"))
+
+    def _children_running(self, live: LiveSession) -> bool:
+        return any(
+            s.record.parent_id == live.id and s.state == "running" for s in self.sessions.values()
+        )
+
+    async def _await_sibling_notices(self, live: LiveSession) -> None:
+        """Up to ``NOTICE_GATHER_S`` while a child of ``live`` still runs: its notice, if it
+        is about to finish, joins the batch instead of starting a turn of its own."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + NOTICE_GATHER_S
+        while self._children_running(live):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            live.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.wake.wait(), remaining)
 
     # -- quiescence and shutdown --------------------------------------------------------------
 

@@ -69,6 +69,13 @@ class UserMessagePayload(_Payload):
     sender: str | None = None  # session id of the sending agent (from its NATS credentials)
     sender_label: str | None = None  # how the recipient sees the sender ("child worker-1")
     message_id: str | None = None  # agent messages: dedupe key (each enters context once)
+    # Subagent notices this message carries to the model: the ids of their ``notice`` events.
+    # Those were shown when they arrived, so renderers show nothing for this message; queued
+    # notices are merged into one such message (one turn) when the session takes its inbox.
+    notice_ids: list[str] | None = None
+    # The mailbox ids of the other deliveries merged into this message (besides
+    # ``message_id``): each counts as recorded with it, so none is redelivered after a crash.
+    merged_message_ids: list[str] | None = None
 
 
 class ToolCall(_Payload):

@@ -408,7 +408,19 @@ def select_recorded_message_ids(
         "AND payload->>'message_id' IN (SELECT unnest($2::VARCHAR[]))",
         [session_id, list(message_ids)],
     ).fetchall()
-    return {str(row[0]) for row in rows}
+    found = {str(row[0]) for row in rows}
+    # A batch of subagent notices (sessions/notices.py) records its other deliveries' ids in
+    # ``merged_message_ids``: few rows have one, so they are read whole and matched here.
+    merged = con.execute(
+        "SELECT json_extract(payload, '$.merged_message_ids') FROM events "
+        "WHERE session_id = $1 AND type = 'user_message' "
+        "AND json_type(json_extract(payload, '$.merged_message_ids')) = 'ARRAY'",
+        [session_id],
+    ).fetchall()
+    wanted = set(message_ids)
+    for (ids,) in merged:
+        found |= wanted.intersection(str(i) for i in json.loads(ids))
+    return found
 
 
 # The recursive step is restricted to the session's own rows: a session's events form a closed

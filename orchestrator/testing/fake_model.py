@@ -19,7 +19,9 @@ It runs a stdlib ``ThreadingHTTPServer`` in a background thread, so async tests 
 without blocking their event loop (``async with`` works too). As a program
 (``python -m orchestrator.testing.fake_model --script FILE``) it prints one JSON line
 ``{"url": ...}`` when ready and serves until SIGTERM/SIGINT; ``GET /_requests`` then returns
-the recorded request bodies and ``POST /_script`` replaces the script.
+the recorded request bodies and ``POST /_script`` replaces the script. ``GET /_connection``
+reports the options of the connection it came on (``tcp_nodelay``: every accepted socket has
+TCP_NODELAY set, so a reply never waits on the client's delayed ACK).
 """
 
 from __future__ import annotations
@@ -346,6 +348,10 @@ class _Server(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if isinstance(request, socket.socket):
+            # Without this, each reply's body waits for the ACK of its headers (Nagle), which
+            # the client delays ~40 ms on a kept-alive connection: every model call would
+            # cost that much, booked as the client's latency.
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._open_lock:
                 self._open.add(request)
         super().process_request(request, client_address)
@@ -446,6 +452,10 @@ class _Handler(BaseHTTPRequestHandler):
             with state.lock:
                 recorded = list(state.requests)
             self._send_json(HTTPStatus.OK, recorded)
+        elif path == "/_connection":
+            # The socket options of the connection this request came on (what a test checks).
+            nodelay = self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            self._send_json(HTTPStatus.OK, {"tcp_nodelay": bool(nodelay)})
         elif path == "/_status":
             with state.lock:
                 cursor, count = state.cursor, len(state.requests)

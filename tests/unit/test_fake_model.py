@@ -396,6 +396,28 @@ def test_http_non_stream_text_and_models() -> None:
         assert srv.done and srv.served == 1
 
 
+def test_accepted_connections_have_tcp_nodelay() -> None:
+    """Replies go out without waiting for the client's delayed ACK (Nagle off): the server
+    reports the option as read from the very socket it accepted, on a kept-alive connection
+    that has already carried a completion."""
+    import http.client
+
+    with FakeModelServer("text: hi") as srv:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        try:
+            body = json.dumps({"model": "m", "messages": USER})
+            headers = {"Content-Type": "application/json"}
+            conn.request("POST", "/v1/chat/completions", body=body, headers=headers)
+            first = conn.getresponse()
+            assert first.status == 200 and json.loads(first.read())["object"] == "chat.completion"
+            conn.request("GET", "/_connection")
+            report = conn.getresponse()
+            assert report.status == 200
+            assert json.loads(report.read()) == {"tcp_nodelay": True}
+        finally:
+            conn.close()
+
+
 def test_http_stream_text_deltas_usage_and_done() -> None:
     text = "A reply long enough to be split into several deltas."
     with FakeModelServer(f"text: {text}\nusage in=7 out=9") as srv:

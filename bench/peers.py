@@ -1,0 +1,351 @@
+"""Peers side by side (issue 18 item 6): ``python -m bench.peers`` (``make bench-peers``).
+
+Installs smolagents and rlms (pinned, from PyPI, with pip) into their own venv,
+``bench/.venv-peers`` (gitignored; made once, reused while its stamp matches the pins), and
+runs the same scenarios for them and for us on the project's scripted model (the fake model
+server in its own process, OpenAI-compatible, TCP_NODELAY set). Nothing else is reached.
+
+Scenarios (each a median over ``--runs`` runs):
+
+- step gap: a task of ``--steps`` trivial code steps then a final answer; the gap between
+  consecutive finished steps (model call + code run + bookkeeping). Ours: ``run_session`` in
+  process, as ``bench_overhead`` measures it. Peers: their own step hooks.
+- cold ``-p``: a fresh process that answers one prompt and exits (spawn → exit). Ours:
+  ``prime-agent -p hi --no-daemon``-equivalent (no daemon running), fresh XDG dirs. Peers: the
+  same one-answer task in a fresh interpreter.
+- memory: peak RSS summed over the process tree of a ``--steps`` run. Ours also without the
+  Kernel Gateway and kernel (the peers' REPL runs in their own process, ours in a sandbox).
+
+Ratios: ours/peer per scenario, and ours/floor for the step gap, the floor being the cell
+round trip through the Kernel Gateway (the ``cell`` time ``bench_overhead`` records).
+Not measured yet: warm ``-p`` through a running daemon, and 20/50 concurrent sessions
+(docs/bench.md says what is missing). These are measurements, never pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from bench.common import (
+    PROVIDER_KEY_VARS,
+    REPO_ROOT,
+    FakeServerProcess,
+    TreeSampler,
+    cli_argv,
+    cli_env,
+    private_xdg,
+    reap_leftovers,
+    set_child_subreaper,
+)
+
+__all__ = ["main"]
+
+PEERS_VENV: Final = REPO_ROOT / "bench" / ".venv-peers"
+PEER_PYTHON: Final = PEERS_VENV / "bin" / "python"
+PEER_AGENT: Final = REPO_ROOT / "bench" / "_peer_agent.py"
+STAMP: Final = PEERS_VENV / ".installed"
+PINS: Final = ("smolagents[openai]==1.26.0", "rlms==0.1.3")
+PEERS: Final = ("smolagents", "rlms")
+RESULTS_FILE: Final = REPO_ROOT / "bench" / "results" / "peers.json"
+DEFAULT_RUNS: Final = 3
+DEFAULT_STEPS: Final = 20
+INSTALL_TIMEOUT_S: Final = 1800.0
+PEER_RUN_TIMEOUT_S: Final = 300.0
+OURS_RUN_TIMEOUT_S: Final = 300.0
+MS_PER_S: Final = 1000.0
+KIB_PER_MIB: Final = 1024.0
+# Roles of our process tree that are the sandbox, not the host side.
+SANDBOX_ROLES: Final = ("gateway", "kernel")
+SCENARIOS: Final = ("step_gap", "cold_p", "memory")
+COL: Final = 12
+
+
+# --- the peers' venv ------------------------------------------------------------------------
+
+
+def ensure_peers_venv() -> None:
+    """``bench/.venv-peers`` with ``PINS`` installed; rebuilt only when the pins change."""
+    if STAMP.exists() and STAMP.read_text() == "\n".join(PINS):
+        return
+    if not PEER_PYTHON.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    has_pip = subprocess.run([str(PEER_PYTHON), "-m", "pip", "--version"], capture_output=True)
+    if has_pip.returncode != 0:  # a venv made without pip (uv venv)
+        subprocess.run([str(PEER_PYTHON), "-m", "ensurepip"], check=True)
+    print(f"installing {', '.join(PINS)} into {PEERS_VENV} (PyPI) ...", flush=True)
+    subprocess.run(
+        [str(PEER_PYTHON), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS],
+        check=True,
+        timeout=INSTALL_TIMEOUT_S,
+    )
+    STAMP.write_text("\n".join(PINS))
+
+
+# --- scripts for the scripted model ------------------------------------------------------------
+
+
+def _fence(code: str) -> str:
+    """A ```repl block as rlms reads one, as the text of a script step."""
+    lines = ["```repl", *code.splitlines(), "```"]
+    return "text:\n" + "\n".join("    " + line for line in lines)
+
+
+def _indent(step: str) -> str:
+    return "\n".join("    " + line for line in step.splitlines())
+
+
+def peer_script(peer: str, steps: int) -> str:
+    """``steps`` trivial code steps (two cells in turn), then the peer's way to answer."""
+    if peer == "smolagents":
+        one, two, final = "code: x = 1", "code: x = 2", 'code: final_answer("done")'
+    else:
+        one, two = _fence("x = 1"), _fence("x = 2")
+        final = _fence('answer["content"] = "done"\nanswer["ready"] = True')
+    pairs, odd = divmod(steps, 2)
+    parts = []
+    if pairs:
+        parts.append(f"repeat {pairs}:\n{_indent(one)}\n    ---\n{_indent(two)}")
+    if odd:
+        parts.append(one)
+    parts.append(final)
+    return "\n---\n".join(parts) + "\n"
+
+
+# --- one peer run -------------------------------------------------------------------------------
+
+
+def _peer_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in PROVIDER_KEY_VARS}
+
+
+def run_peer(peer: str, srv: FakeServerProcess, steps: int, cwd: Path) -> dict[str, Any]:
+    """One peer run: wall seconds, step end times, peak RSS of its process tree."""
+    srv.load(peer_script(peer, steps))
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(PEER_PYTHON), str(PEER_AGENT), peer, srv.url],
+        env=_peer_env(),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    sampler = TreeSampler(proc.pid).start()
+    try:
+        out, err = proc.communicate(timeout=PEER_RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        sampler.stop()
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace")[-800:]
+        raise RuntimeError(f"{peer} failed ({proc.returncode}): {tail}")
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    ends = [float(t) for t in report["step_ends"]]
+    if report["answer"] != "done" or len(ends) != steps + 1:
+        raise RuntimeError(f"{peer}: {len(ends)} steps and answer {report['answer']!r}")
+    gaps = [(b - a) * MS_PER_S for a, b in itertools.pairwise(ends)]
+    return {"wall_s": wall, "gaps_ms": gaps, "peak_rss_mib": sampler.peak_rss_kib / KIB_PER_MIB}
+
+
+# --- ours -----------------------------------------------------------------------------------------
+
+
+def ours_step_gap(runs: int, steps: int) -> tuple[list[float], list[float]]:
+    """(step gaps, cell round trips through the gateway), ms, pooled over runs."""
+    import asyncio
+
+    from bench import bench_overhead
+
+    done = asyncio.run(bench_overhead._bench(runs, steps))
+    return [v for r in done for v in r["step"]], [v for r in done for v in r["cell"]]
+
+
+def ours_cold_p(runs: int, base: Path) -> list[float]:
+    from bench import bench_cold_start
+
+    with FakeServerProcess(bench_cold_start.SCRIPT, base) as srv:
+        bench_cold_start._one(srv.url, base)  # page cache warm, as for the peers
+        return [bench_cold_start._one(srv.url, base)[1] for _ in range(runs)]
+
+
+def ours_memory(
+    runs: int, steps: int, base: Path
+) -> tuple[list[float], list[float], list[dict[str, float]]]:
+    """(peak RSS of the whole tree, of the host side without gateway and kernel, MiB by role at
+    the peak). A sandbox started in a scope of its own is outside the tree and counts in
+    neither."""
+    from bench import bench_memory, bench_overhead
+
+    whole, host, roles = [], [], []
+    with FakeServerProcess(bench_overhead._script(steps), base) as srv:
+        for _ in range(runs):
+            srv.load(bench_overhead._script(steps))
+            with private_xdg(base) as xdg:
+                cwd = Path(xdg["XDG_DATA_HOME"]).parent
+                argv = cli_argv("peer bench task", srv.url)
+                r = bench_memory._sampled_run(argv, cli_env(xdg), cwd, OURS_RUN_TIMEOUT_S)
+            whole.append(r["peak_rss_mib"])
+            sandbox = sum(r["at_peak_mib"].get(role, 0.0) for role in SANDBOX_ROLES)
+            host.append(r["peak_rss_mib"] - sandbox)
+            roles.append(dict(r["at_peak_mib"]))
+    return whole, host, roles
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}")
+
+
+def _ratio(ours: float | None, other: float | None) -> str:
+    return "-" if ours is None or not other else f"{ours / other:.2f}×"
+
+
+def _table(rows: list[dict[str, Any]], peers: list[str]) -> str:
+    head = f"{'scenario':<34}{'unit':<6}{'ours':>{COL}}"
+    for peer in peers:
+        head += f"{peer:>{COL}}{'ours/' + peer[:5]:>{COL}}"
+    head += f"{'floor':>{COL}}{'ours/floor':>{COL}}"
+    lines = [head]
+    for r in rows:
+        ours = _median(r["ours"])
+        line = f"{r['name']:<34}{r['unit']:<6}{_num(ours):>{COL}}"
+        for peer in peers:
+            theirs = _median(r["peers"].get(peer, []))
+            line += f"{_num(theirs):>{COL}}{_ratio(ours, theirs):>{COL}}"
+        floor = _median(r.get("floor", []))
+        line += f"{_num(floor):>{COL}}{_ratio(ours, floor):>{COL}}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+# --- the run --------------------------------------------------------------------------------------
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.peers",
+        description="Ours next to smolagents and rlms on the scripted model: medians, ratios.",
+    )
+    parser.add_argument("--runs", type=int, default=DEFAULT_RUNS, help="runs per scenario")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per step run")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}"
+    )
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS_FILE)
+    args = parser.parse_args(argv)
+    args.peer_list = [p for p in args.peers.split(",") if p]
+    args.scenarios = [s for s in args.only.split(",") if s]
+    bad = [p for p in args.peer_list if p not in PEERS]
+    bad += [s for s in args.scenarios if s not in SCENARIOS]
+    if bad or args.runs < 1 or args.steps < 2:
+        parser.error(
+            f"unknown peer or scenario {', '.join(bad)}" if bad else "--runs ≥ 1, --steps ≥ 2"
+        )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    ensure_peers_venv()
+    set_child_subreaper()
+    tmp_root = Path(tempfile.mkdtemp(prefix="prime-agent-bench-peers-"))
+    os.environ["TMPDIR"] = str(tmp_root)
+    tempfile.tempdir = None
+    rows: list[dict[str, Any]] = []
+    peers: list[str] = args.peer_list
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        base = Path(tmp)
+        peer_runs: dict[str, list[dict[str, Any]]] = {}
+        cold: dict[str, list[float]] = {}
+        with FakeServerProcess(peer_script("smolagents", args.steps), base) as srv:
+            for peer in peers:
+                print(f"{peer}: {args.runs} runs of {args.steps} steps ...", flush=True)
+                run_peer(peer, srv, args.steps, base)  # warm-up: page cache, .pyc files
+                peer_runs[peer] = [run_peer(peer, srv, args.steps, base) for _ in range(args.runs)]
+                if "cold_p" in args.scenarios:
+                    cold[peer] = [run_peer(peer, srv, 0, base)["wall_s"] for _ in range(args.runs)]
+        if "step_gap" in args.scenarios:
+            print(f"ours: {args.runs} runs of {args.steps} steps ...", flush=True)
+            gaps, cells = ours_step_gap(args.runs, args.steps)
+            rows.append(
+                {
+                    "name": f"step gap, {args.steps} steps",
+                    "unit": "ms",
+                    "ours": gaps,
+                    "peers": {p: [g for r in peer_runs[p] for g in r["gaps_ms"]] for p in peers},
+                    "floor": cells,
+                }
+            )
+        if "cold_p" in args.scenarios:
+            print("ours: cold -p ...", flush=True)
+            rows.append(
+                {
+                    "name": "cold -p (spawn → exit), no daemon",
+                    "unit": "s",
+                    "ours": ours_cold_p(args.runs, base),
+                    "peers": cold,
+                }
+            )
+        if "memory" in args.scenarios:
+            print("ours: memory ...", flush=True)
+            whole, host, roles = ours_memory(args.runs, args.steps, base)
+            print(f"   our tree by role at its peak (MiB): {roles}", flush=True)
+            peak = {p: [r["peak_rss_mib"] for r in peer_runs[p]] for p in peers}
+            rows.append(
+                {
+                    "name": f"peak RSS, {args.steps} steps, tree",
+                    "unit": "MiB",
+                    "ours": whole,
+                    "peers": peak,
+                }
+            )
+            rows.append(
+                {
+                    "name": "  host side (no gateway, kernel)",
+                    "unit": "MiB",
+                    "ours": host,
+                    "peers": peak,
+                }
+            )
+    leftovers = reap_leftovers()
+    print()
+    print(_table(rows, peers))
+    print(
+        f"   - {args.runs} runs each on the scripted model (its own process); peers "
+        f"{', '.join(PINS)} in {PEERS_VENV.name}; cold -p for peers is a one-answer run in a "
+        "fresh interpreter; floor = our cell round trip through the Kernel Gateway."
+    )
+    print("   - not measured here yet: warm -p through a running daemon, 20/50 concurrent runs.")
+    for item in leftovers:
+        print(f"   LEFTOVER (stopped): {item}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"rows": rows, "pins": list(PINS)}, indent=1))
+    print(f"results: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
