@@ -298,8 +298,8 @@ def _searchable_by_everyone(path: Path) -> bool:
 
 
 def _own_runtime_dir(recorded: str) -> Path | None:
-    """``recorded`` when it is one of our runtime dirs (a direct child of ``runtime_base()`` with our
-    prefix), else None: a path read back from the database is never removed blindly."""
+    """``recorded`` when it is one of our runtime dirs (a direct child of ``runtime_base()``
+    with our prefix), else None: a path read back from the database is never removed blindly."""
     if not recorded:
         return None
     path = Path(recorded)

@@ -6,7 +6,7 @@ ourselves (legacy JSON framing, no subprotocol). A reader task owns the socket a
 message to the request it answers (by ``parent_header.msg_id``); output of the running cell goes
 straight into its ``OutputCollector``, so nothing queues up in memory.
 
-Lifecycle facts this relies on (reference/stack-notes.md §2):
+Lifecycle facts this relies on (`docs/sandbox.md`, "How a sandbox starts"):
 
 - ``POST /api/kernels`` and ``/restart`` return before the kernel answers; we always wait for a
   ``kernel_info_reply`` AND its iopub ``idle``: after a restart the gateway's iopub subscription

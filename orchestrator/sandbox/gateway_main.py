@@ -4,7 +4,7 @@ Run as ``python -P -m orchestrator.sandbox.gateway_main --runtime-dir DIR [...]`
 token in ``$PRIME_AGENT_GATEWAY_TOKEN``. Prints ONE JSON line ``{"port": N, "pid": P}`` on
 stdout once the server accepts connections; everything else goes to stderr.
 
-What it configures, and why (see reference/stack-notes.md §2):
+What it configures, and why (`docs/sandbox.md`, "Start-time tricks (measured)"):
 
 - 127.0.0.1 only, an ephemeral port bound by us (no port-probing race), token auth.
 - ``NoDelayWebsocketConnection``: jupyter_server never sets TCP_NODELAY on kernel websockets,

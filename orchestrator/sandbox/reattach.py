@@ -1,6 +1,6 @@
 """Re-attaching a ``KernelGatewayClient`` to a kernel another orchestrator process started.
 
-Used by every backend's ``adopt`` (SPEC.md §4, R2): a daemon that was killed left its sandboxes
+Used by every backend's ``adopt`` (docs/spec.md §4, R2): a daemon that was killed left its sandboxes
 running, and the next daemon connects to the same gateway (URL or Unix socket, token) and the
 same kernel id, so the kernel's namespace is kept.
 
