@@ -6,6 +6,7 @@
   ``warning``, printed by the CLI).
 - ``--backend bwrap`` (and ``auto`` without docker) runs the session in a bwrap sandbox, with no
   warning, in print mode and through the daemon.
+- ``prime-agent import --backend local`` says it too, without and with a daemon.
 - ``auto`` with neither docker nor bubblewrap refuses in one line naming both fixes, before
   anything is asked of the model; an explicit ``bwrap`` that cannot run says why.
 
@@ -30,6 +31,7 @@ from tests.helpers import cli, daemon_pids, need, write_config
 CLI_TIMEOUT_S = 120.0
 WARNING_LINE = f"prime-agent: warning: {LOCAL_WARNING}"
 NO_DOCKER = "unix:///nonexistent/prime-agent-test/docker.sock"
+SESSION_FILE = Path(__file__).resolve().parents[1] / "fixtures" / "jsonl" / "v3_tree.jsonl"
 
 COMPUTE = """
 repeat forever:
@@ -135,3 +137,30 @@ def test_through_the_daemon_local_warns_the_cli_user_and_bwrap_does_not(
     assert sorted(backends_of_sessions()) == (["bwrap", "local"] if usable else ["local"])
     if not usable:
         need("bwrap", "the daemon's bwrap sessions were not run")
+
+
+def test_import_with_the_local_backend_warns_without_and_with_a_daemon(
+    model: FakeModelServer,  # its config names openai/fake's endpoint
+) -> None:
+    def imported(backend: str) -> list[str]:
+        proc = cli(
+            ["import", str(SESSION_FILE), "--model", "openai/fake", "--backend", backend],
+            timeout=CLI_TIMEOUT_S,
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith("s-"), proc.stderr
+        return proc.stderr.splitlines()
+
+    assert imported("local").count(WARNING_LINE) == 1  # straight into the database
+    started = cli(["daemon", "start"], timeout=CLI_TIMEOUT_S)
+    assert started.returncode == 0, started.stderr
+    assert imported("local").count(WARNING_LINE) == 1  # the daemon's reply
+    usable, _ = bwrap_usable()
+    if usable:
+        assert WARNING_LINE not in imported("bwrap")
+    stopped = cli(["daemon", "stop"], timeout=CLI_TIMEOUT_S)
+    assert stopped.returncode == 0, stopped.stderr
+    assert sorted(backends_of_sessions()) == (
+        ["bwrap", "local", "local"] if usable else ["local", "local"]
+    )
+    if not usable:
+        need("bwrap", "the bwrap import was not run")
