@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -51,7 +52,7 @@ from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.file_modes import user_umask
-from orchestrator.procs import ChildProcess, ChildStartError, start_child
+from orchestrator.procs import ChildProcess, ChildStartError, pid_alive, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
@@ -109,8 +110,8 @@ from orchestrator.sandbox.local import (
     tail_text,
 )
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
-from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
@@ -126,6 +127,7 @@ from orchestrator.settings import (
 
 __all__ = [
     "BACKEND_NAME",
+    "CONFINEMENT_FILE_NAME",
     "DEFAULT_CPUS",
     "DEFAULT_MEMORY_BYTES",
     "DEFAULT_PIDS_LIMIT",
@@ -133,6 +135,8 @@ __all__ = [
     "BwrapSandbox",
     "bwrap_path",
     "owned_sandboxes",
+    "owner_mark",
+    "sweep_stale",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,12 +164,23 @@ USR_PREFIX: Final = "/usr"
 ROOT_UID: Final = 0
 STOP_POLL_S: Final = 0.02
 POOL_SESSION_ID: Final = "pool"
+OWNER_MARK_PREFIX: Final = "bwrap:"
+OWNER_MARK_HEX: Final = 32
 
 # Linux mount(2)/unshare(2) flags (<sys/mount.h>, <sched.h>) for the root-only bind staging.
 CLONE_NEWNS: Final = 0x00020000
 MS_BIND: Final = 4096
 MS_REC: Final = 16384
 MS_SLAVE: Final = 1 << 19
+
+
+def owner_mark(owner: str) -> str:
+    """The value of ``OWNER_ENV`` on a bwrap process of the daemon on socket ``owner``.
+
+    A digest, not the path: the sandbox's pid 1 is a fork of bwrap, so its environment (and
+    with it the mark) can be read from inside (``/proc/1/environ``). It also keeps the local
+    backend's scan (``local.owned_gateways``, the raw path) from taking a bwrap for its own."""
+    return OWNER_MARK_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:OWNER_MARK_HEX]
 
 
 def bwrap_path() -> str | None:
@@ -291,21 +306,30 @@ def _find_bwrap(pid: int, runtime_dir: Path) -> proctree.ProcInfo | None:
     return info
 
 
+def _find_init(runtime_dir: Path) -> proctree.ProcInfo | None:
+    """The sandbox's pid 1 named in ``runtime_dir``'s info file, if that process still runs
+    and is that sandbox's (a fork of its bwrap: the same command line); it may outlive bwrap
+    itself (killed by a signal) when the sandbox was not started to die with it."""
+    init_pid = _read_info(runtime_dir)
+    return _find_bwrap(init_pid, runtime_dir) if init_pid is not None else None
+
+
 def _runtime_dir_of(argv: list[bytes]) -> str | None:
     """The runtime dir named on a bwrap command line (the parent of its outputs bind)."""
     temp = tempfile.gettempdir()
     for arg in argv:
         path = Path(os.fsdecode(arg))
-        if path.parent.name.startswith(RUNTIME_DIR_PREFIX) and str(path.parent.parent) == temp:
-            if path == outputs_dir(path.parent):
-                return str(path.parent)
+        parent = path.parent
+        ours = parent.name.startswith(RUNTIME_DIR_PREFIX) and str(parent.parent) == temp
+        if ours and path == outputs_dir(parent):
+            return str(parent)
     return None
 
 
 def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
     """Running bwrap sandboxes whose bwrap process carries ``OWNER_ENV=owner`` in its
     environment, with their runtime dirs (``remove_unknown``, ``prime-agent doctor``)."""
-    marker = f"{OWNER_ENV}={owner}".encode()
+    marker = f"{OWNER_ENV}={owner_mark(owner)}".encode()
     found = []
     for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not name.isdigit():
@@ -324,7 +348,51 @@ def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
         info = proctree.read_proc(int(name))
         if runtime_dir and info is not None and info.state != "Z" and info.pgid == info.pid:
             found.append((info, runtime_dir))
+    # The sandbox's pid 1 is a fork of bwrap (same command line and environment): only the
+    # bwrap process started by the daemon counts.
+    pids = {info.pid for info, _ in found}
+    return [(info, runtime_dir) for info, runtime_dir in found if info.ppid not in pids]
+
+
+def _running_runtime_dirs() -> set[str]:
+    """The runtime dirs of every bwrap sandbox running now (from their command lines)."""
+    found = set()
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if name.isdigit():
+            argv = _cmdline(int(name))
+            if argv and GATEWAY_MODULE.encode() in argv:
+                runtime_dir = _runtime_dir_of(argv)
+                if runtime_dir is not None:
+                    found.add(runtime_dir)
     return found
+
+
+def sweep_stale() -> int:
+    """Remove what dead sandboxes of this user left: a runtime dir whose sandbox's pid 1 is
+    gone and that no running bwrap names (a ``die_with_parent`` sandbox dies with its owner,
+    and nobody is left to remove its directory and cgroup), with its cgroup. Returns how many.
+
+    A directory still being set up has no pid 1 recorded yet and is never touched."""
+    temp = Path(tempfile.gettempdir())
+    running = _running_runtime_dirs()
+    removed = 0
+    for path in temp.glob(f"{RUNTIME_DIR_PREFIX}*"):
+        try:
+            if path.is_symlink() or path.stat().st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        init_pid = _read_info(path)
+        if init_pid is None or str(path) in running or pid_alive(init_pid):
+            continue
+        record = None
+        with contextlib.suppress(OSError):
+            record = reopen((path / CONFINEMENT_FILE_NAME).read_text())
+        if record is not None:
+            record.remove()
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
 
 
 async def _wait_gone(info: proctree.ProcInfo, timeout_s: float) -> bool:
@@ -351,6 +419,16 @@ async def _kill_sandbox(init: proctree.ProcInfo | None, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(init.pid, signal.SIGKILL)
         await _wait_gone(init, grace_s)
+
+
+async def _wait_exit(child: ChildProcess | AdoptedGateway, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the bwrap process to exit by itself."""
+    if isinstance(child, AdoptedGateway):
+        await _wait_gone(child.info, timeout_s)
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await child.proc.wait()
 
 
 class BwrapSandbox(Sandbox):
@@ -510,7 +588,7 @@ class BwrapSandbox(Sandbox):
             "PYTHONPATH": SOURCE_ROOT,
         }
         if self.backend.owner:
-            env[OWNER_ENV] = self.backend.owner
+            env[OWNER_ENV] = owner_mark(self.backend.owner)
         return env
 
     def _plan(
@@ -585,7 +663,8 @@ class BwrapSandbox(Sandbox):
             unset_env=(OWNER_ENV,),
         )
         bwrap = backend.bwrap
-        argv = [*(self.confinement.argv_prefix if self.confinement else ()), *bwrap_argv(bwrap, plan)]
+        prefix = self.confinement.argv_prefix if self.confinement is not None else ()
+        argv = [*prefix, *bwrap_argv(bwrap, plan)]
         launch = _Launch(
             confinement=self.confinement,
             stage=[(os.fsencode(s), os.fsencode(p)) for s, p in stage],
@@ -720,10 +799,15 @@ class BwrapSandbox(Sandbox):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
+        if self.init is None and self.child is not None and self.runtime_dir is not None:
+            self.init = _find_init(self.runtime_dir)  # a start that failed before reading it
         await _kill_sandbox(self.init, PROCESS_STOP_GRACE_S)
         child = self.child
         if child is not None:
-            await child.stop(PROCESS_STOP_GRACE_S)  # bwrap itself (it exits with pid 1)
+            # bwrap itself exits once it has reaped pid 1; signalled before that, it would
+            # leave pid 1 a zombie for the host's init.
+            await _wait_exit(child, PROCESS_STOP_GRACE_S)
+            await child.stop(PROCESS_STOP_GRACE_S)
         if self.confinement is not None:
             await asyncio.to_thread(self.confinement.remove)
         relay, self._relay = self._relay, None
@@ -792,6 +876,7 @@ class BwrapBackend(SandboxBackend):
         self._owned: set[BwrapSandbox] = set()
         self._closed = False
         self._warned: set[str] = set()
+        self._swept = False  # sweep_stale ran (once per backend)
 
     @classmethod
     def from_settings(
@@ -858,6 +943,7 @@ class BwrapBackend(SandboxBackend):
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         self.bwrap  # noqa: B018 - one clear line when bubblewrap is missing
         self.check_workspace(spec)
+        await self._sweep_once()
         sandbox = BwrapSandbox(self, spec)
         try:
             async with asyncio.timeout(self.start_timeout_s * 2):
@@ -871,11 +957,28 @@ class BwrapBackend(SandboxBackend):
                 await asyncio.to_thread(sandbox.workspace_copy.remove)
             if isinstance(exc, SandboxStartError):
                 raise
-            if isinstance(exc, (SandboxError, TimeoutError, OSError, ValueError, KeyError)):
+            if isinstance(exc, TimeoutError):
+                raise SandboxStartError(
+                    f"bwrap sandbox did not start within {self.start_timeout_s * 2:g} s"
+                ) from exc
+            if isinstance(exc, (SandboxError, OSError, ValueError, KeyError)):
                 raise SandboxStartError(f"bwrap sandbox did not start: {exc!r}") from exc
             raise
         self._owned.add(sandbox)
         return sandbox
+
+    async def _sweep_once(self) -> None:
+        """Before this backend's first sandbox: remove what dead sandboxes left."""
+        if self._swept:
+            return
+        self._swept = True
+        try:
+            removed = await asyncio.to_thread(sweep_stale)
+        except OSError as exc:  # tidying only
+            log.warning("bwrap: sweeping stale sandbox directories failed: %s", exc)
+            return
+        if removed:
+            log.info("bwrap: removed %d stale sandbox directories", removed)
 
     async def close(self) -> None:
         self._closed = True
@@ -900,8 +1003,7 @@ class BwrapBackend(SandboxBackend):
         sandbox.runtime_dir = runtime_dir
         sandbox.token = ref.token
         sandbox.child = AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME)
-        init_pid = _read_info(runtime_dir)
-        sandbox.init = proctree.read_proc(init_pid) if init_pid is not None else None
+        sandbox.init = _find_init(runtime_dir)
         with contextlib.suppress(OSError):
             sandbox.confinement = reopen((runtime_dir / CONFINEMENT_FILE_NAME).read_text())
         if spec.snapshot_dir is not None:
@@ -948,12 +1050,10 @@ class BwrapBackend(SandboxBackend):
         if runtime_dir is None:
             return
         info = _find_bwrap(int(ref.ref), runtime_dir) if ref.ref.isdigit() else None
+        init = _find_init(runtime_dir)  # also when bwrap itself is gone
+        await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
         if info is not None:
-            init_pid = _read_info(runtime_dir)
-            init = proctree.read_proc(init_pid) if init_pid is not None else None
-            if init is not None and init.ppid != info.pid:
-                init = None  # not that sandbox's pid 1 any more
-            await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
+            await _wait_gone(info, PROCESS_STOP_GRACE_S)
             await AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME).stop(PROCESS_STOP_GRACE_S)
         confinement = None
         with contextlib.suppress(OSError):
@@ -966,6 +1066,7 @@ class BwrapBackend(SandboxBackend):
         """bwrap sandboxes marked with our ``owner`` that are not among ``known`` (recorded
         pids) and not our own children: a daemon killed between starting one and recording
         it."""
+        await self._sweep_once()
         if not self.owner:
             return 0
         removed = 0
@@ -975,4 +1076,3 @@ class BwrapBackend(SandboxBackend):
             await self.remove(SandboxRef(BACKEND_NAME, str(info.pid), "", "", "", "", runtime_dir))
             removed += 1
         return removed
-

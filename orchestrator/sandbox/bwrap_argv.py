@@ -172,7 +172,9 @@ def bwrap_argv(bwrap: str, plan: BwrapPlan) -> list[str]:
     return argv
 
 
-def staged(binds: Sequence[Bind], stage_root: Path) -> tuple[tuple[Bind, ...], list[tuple[str, str]]]:
+def staged(
+    binds: Sequence[Bind], stage_root: Path
+) -> tuple[tuple[Bind, ...], list[tuple[str, str]]]:
     """``binds`` with each source replaced by a mount point under ``stage_root`` (one numbered
     entry per bind), and the (host source, mount point) pairs to bind there first.
 

@@ -730,9 +730,7 @@ class LocalBackend(SandboxBackend):
         return sandbox
 
 
-async def read_ready_line(
-    child: ChildProcess, log_path: Path, timeout_s: float
-) -> dict[str, Any]:
+async def read_ready_line(child: ChildProcess, log_path: Path, timeout_s: float) -> dict[str, Any]:
     """The gateway's ready line, from its log (its stdout); ``ChildStartError`` when it exits
     first or stays silent past ``timeout_s`` (the child is stopped then)."""
     loop = asyncio.get_running_loop()

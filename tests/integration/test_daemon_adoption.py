@@ -436,3 +436,54 @@ def test_unknown_container_with_our_label_is_removed_at_start(
         assert daemon_cli("stop").returncode == 0
     finally:
         remove_containers([ours, theirs, other_setup])
+
+
+# ------------------------------------------------------------------------------ bwrap
+
+
+@pytest.fixture
+def bwrap_here() -> None:
+    from orchestrator.sandbox.bwrap_probe import bwrap_usable
+
+    usable, why = bwrap_usable()
+    if not usable:
+        need("bwrap", why)
+
+
+def _our_bwraps() -> list[int]:
+    """bwrap sandboxes marked as this test's daemon's (orchestrator/sandbox/bwrap.py)."""
+    from orchestrator.sandbox.bwrap import owned_sandboxes
+
+    return [info.pid for info, _ in owned_sandboxes(str(default_socket_path()))]
+
+
+def test_bwrap_sandbox_survives_a_daemon_crash_and_is_adopted(
+    daemons: None, bwrap_here: None, model: FakeModelServer, tmp_path: Path
+) -> None:
+    from orchestrator.sandbox.bwrap import BwrapBackend
+
+    cwd = workspace(tmp_path / "ws")
+    try:
+        pid = _start_daemon()
+        sid, kernel, _gateway = asyncio.run(_define_x_and_nap(cwd, "bwrap"))
+        (sandbox,) = _our_bwraps()
+
+        _kill_daemon(pid)
+        # Started without die_with_parent: the sandbox survives the daemon.
+        assert _our_bwraps() == [sandbox]
+
+        pid = _start_daemon()
+        events, output = asyncio.run(_print_x(sid, model))
+        # The same kernel (its pid in the sandbox's own namespace), x intact; its NATS relay
+        # was served again.
+        assert output.split() == ["42", str(kernel), *SESSION_NAME.split()]
+        _check_history(events)
+        assert _our_bwraps() == [sandbox]  # adopted, not replaced
+
+        stop = daemon_cli("stop")
+        assert stop.returncode == 0, stop.stderr
+        assert wait_until(
+            lambda: not pids_alive([pid, sandbox]) and not _our_bwraps(), timeout=STOP_TIMEOUT_S
+        ), (pids_alive([pid, sandbox]), _our_bwraps())
+    finally:  # whatever failed: no sandbox of this daemon is left
+        asyncio.run(BwrapBackend(owner=str(default_socket_path())).remove_unknown(set()))

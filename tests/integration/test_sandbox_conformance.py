@@ -1,8 +1,9 @@
-"""The same basic checks against every sandbox backend (local, docker).
+"""The same basic checks against every sandbox backend (local, docker, bwrap).
 
 The docker variant needs a Docker Engine and builds the session image once per test session
 when it is missing or stale (offline: debootstrap base + host wheels; docs/images.md). It is
-skipped when no engine answers.
+skipped when no engine answers. The bwrap variant needs bubblewrap that runs a sandbox here
+(``bwrap_probe.bwrap_usable``). With CI=true a missing engine or bwrap fails instead.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def workspace(path: Path) -> Path:
     return path
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["local", "docker"])
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["local", "docker", "bwrap"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBackend]:
     if request.param == "local":
         from orchestrator.sandbox.local import LocalBackend
@@ -56,6 +57,14 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBacken
         b: SandboxBackend = LocalBackend(
             pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP
         )
+    elif request.param == "bwrap":
+        from orchestrator.sandbox.bwrap import BwrapBackend
+        from orchestrator.sandbox.bwrap_probe import bwrap_usable
+
+        usable, reason = bwrap_usable()
+        if not usable:
+            need("bwrap", reason)
+        b = BwrapBackend(interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
     else:
         why = docker_ready()
         if why is not None:
@@ -301,6 +310,13 @@ async def test_stop_leaves_nothing(backend: SandboxBackend, tmp_path: Path) -> N
 
         assert isinstance(sb, DockerSandbox)
         assert all(c.session_id != "conf-stop" for c in list_owned())
+    elif backend.name == "bwrap":
+        from orchestrator.procs import pid_alive
+        from orchestrator.sandbox.bwrap import BwrapSandbox
+
+        assert isinstance(sb, BwrapSandbox) and sb.child is not None and sb.init is not None
+        assert not pid_alive(sb.child.pid) and not pid_alive(sb.init.pid)
+        assert sb.runtime_dir is not None and not sb.runtime_dir.exists()
     else:
         from orchestrator.sandbox.local import LocalSandbox
 
