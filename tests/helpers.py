@@ -58,6 +58,7 @@ def cli(
 def need(what: str, why: str) -> NoReturn:
     """A test needs ``what`` (``docker``, ``bwrap``) and it is missing for ``why``: skip, or,
     with ``CI=true``, fail, because CI must run it (the skip summary, ``-ra``, lists skips)."""
+    __tracebackhide__ = True  # the summary names the test's line, not this one
     if os.environ.get(CI_ENV) == CI_VALUE:
         pytest.fail(f"{what} is missing and {CI_ENV}={CI_VALUE} runs every test: {why}")
     pytest.skip(f"{what}: {why}")

@@ -60,7 +60,10 @@ def tui(
     cwd: Annotated[Path | None, typer.Option("--cwd", help="Directory for new chats.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model for new chats.")] = None,
     backend: Annotated[
-        str | None, typer.Option("--backend", help="Sandbox backend for new chats.")
+        str | None,
+        typer.Option(
+            "--backend", help="Sandbox backend for new chats: auto, docker, bwrap or local."
+        ),
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:

@@ -20,7 +20,7 @@ from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
-from orchestrator.sandbox.choice import BackendRequest, choose_backend
+from orchestrator.sandbox.choice import BackendChoice, BackendRequest, choose_backend
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import RunStop
@@ -58,12 +58,18 @@ class RunResult:
 
 def make_backend(name: str, settings: Settings, *, network: bool = False) -> SandboxBackend:
     """The backend ``orchestrator/sandbox/choice.py`` picks for ``name`` (auto: docker, else
-    bwrap, else a ``UserError``); its warning (``local``: NOT isolated) goes to stderr."""
-    choice = choose_backend(  # UserError: a bad name, an unusable backend
-        name, lambda: _docker_status(settings), _bwrap_status
-    )
-    if choice.warning:
-        print(f"prime-agent: warning: {choice.warning}", file=sys.stderr)
+    bwrap, else a ``UserError``: a bad name, an unusable backend). Its warning is not shown
+    here: ``run_session`` prints it once the session exists."""
+    return backend_for(choose(name, settings), settings, network=network)
+
+
+def choose(name: str, settings: Settings) -> BackendChoice:
+    """The rule with this process's probes (docker: the config's image; bwrap: cached)."""
+    return choose_backend(name, lambda: _docker_status(settings), _bwrap_status)
+
+
+def backend_for(choice: BackendChoice, settings: Settings, *, network: bool) -> SandboxBackend:
+    """A print-mode backend for ``choice``: this process's, its sandboxes die with it."""
     if choice.name == "docker":
         from orchestrator.sandbox.docker import DockerBackend
 
@@ -138,10 +144,11 @@ async def run_session(
     recorded, the outcome is ``aborted``; the sandboxes stop either way."""
     # The bus first: a bad [nats] config is a one-line error before anything is opened.
     bus = NatsSessionBus(paths, nats=settings.nats)
+    choice = choose(opts.backend, settings)  # UserError: a bad or unusable backend
     store = await Store.open(paths.database_file)
     orch = Orchestrator(
         store=store,
-        backend=make_backend(opts.backend, settings, network=opts.network),
+        backend=backend_for(choice, settings, network=opts.network),
         settings=settings,
         paths=paths,
         bus=bus,
@@ -164,6 +171,9 @@ async def run_session(
             name=opts.name or first_line[:SESSION_NAME_MAX] or None,
             budget=settings.session_token_budget,
         )
+        if choice.warning:  # local: NOT isolated. Once the session exists, before it runs
+            # anything: a run refused before that (its NATS unreachable) says only why.
+            print(f"prime-agent: warning: {choice.warning}", file=sys.stderr)
         if on_session is not None:
             on_session(root.id)
         start = await begin_run(orch, root, autonomous=opts.autonomous, goal=opts.goal)

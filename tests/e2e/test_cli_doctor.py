@@ -1,21 +1,29 @@
-"""``prime-agent doctor [--fix]`` as a user runs it: socket, NATS, database integrity and
-orphaned local sandboxes, with real processes (daemon, nats-server, gateways) and a real DuckDB
-file. (Orphaned containers: tests/integration/test_docker_backend.py.)"""
+"""``prime-agent doctor [--fix]`` as a user runs it: which sandbox backends work (real docker
+and bubblewrap, each made unusable through the CLI's own lookups: ``DOCKER_HOST``, ``PATH``),
+socket, NATS, database integrity and orphaned local sandboxes, with real processes (daemon,
+nats-server, gateways) and a real DuckDB file. (Orphaned containers:
+tests/integration/test_docker_backend.py.)"""
 
 from __future__ import annotations
 
 import os
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import duckdb
+import pytest
 
 from orchestrator.api.server import default_socket_path
 from orchestrator.paths import Paths
+from orchestrator.sandbox.bwrap_probe import bwrap_usable
+from orchestrator.sandbox.docker import docker_usable
+from orchestrator.sandbox.images import SESSION_IMAGE, resolve_image
 from orchestrator.sandbox.local import owned_gateways
+from orchestrator.settings import Settings
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, daemon_pids, pids_alive, wait_until, write_config
+from tests.helpers import cli, daemon_pids, need, pids_alive, wait_until, write_config
 
 CLI_TIMEOUT_S = 120.0
 POOL_READY_TIMEOUT_S = 90.0
@@ -30,6 +38,45 @@ def doctor(*args: str) -> tuple[int, list[str]]:
 
 def line(lines: list[str], area: str) -> str:
     return "\n".join(x for x in lines if x.startswith(f"{area}:"))
+
+
+def test_each_backend_is_reported_usable_or_why_not_and_what_auto_picks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docker_ok, docker_why = docker_usable(resolve_image(Settings().sandbox.image))
+    bwrap_ok, bwrap_why = bwrap_usable()
+    code, lines = doctor()
+    report = line(lines, "backend").splitlines()
+    assert report[0] == (
+        f"backend: docker usable (session image {SESSION_IMAGE})"
+        if docker_ok
+        else f"backend: docker not usable: {docker_why}"
+    ), report
+    assert report[1] == (
+        "backend: bwrap usable (bubblewrap runs a sandbox here)"
+        if bwrap_ok
+        else f"backend: bwrap not usable: {bwrap_why}"
+    ), report
+    assert report[2] == (
+        "backend: local usable with --backend local only: it does NOT isolate sessions"
+    )
+    picked = "docker" if docker_ok else "bwrap" if bwrap_ok else None
+    if picked is not None:
+        assert code == 0 and report[3] == f"backend: auto picks {picked}", report
+    # Neither: a problem (exit 1) and the fixes, each backend's reason on its own line.
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/prime-agent-test/docker.sock")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # the venv: no bwrap there
+    code, lines = doctor()
+    report = line(lines, "backend").splitlines()
+    assert code == 1, lines
+    assert report[0].startswith("backend: docker not usable: Docker is not reachable"), report
+    assert report[1] == (
+        "backend: bwrap not usable: bubblewrap is not installed (apt-get install bubblewrap)"
+    )
+    assert report[3].startswith("backend: auto refuses (no sandbox here): start Docker"), report
+    assert "install bubblewrap" in report[3] and "--backend local" in report[3]
+    if picked is None:
+        need("docker or bwrap", "this host has neither, so nothing was seen usable")
 
 
 def test_database_and_socket_checks() -> None:

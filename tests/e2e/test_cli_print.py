@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.paths import Paths
+from orchestrator.sandbox.choice import LOCAL_WARNING
 from orchestrator.store.db import Store
 from orchestrator.testing import FakeModelServer
 from tests.helpers import cli, need, write_config
@@ -203,7 +204,7 @@ def test_print_mode_on_the_docker_backend(model: FakeModelServer) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "The answer is 42.\n"
-    assert "NOT isolated" not in proc.stderr
+    assert LOCAL_WARNING not in proc.stderr
 
 
 ROUTE_SCRIPT = """

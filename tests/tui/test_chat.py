@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.sandbox.choice import LOCAL_WARNING
 from orchestrator.testing import FakeModelServer
 from tests.tui.pilot import WAIT_FOR_GO, chat_screen, screen_text, texts, until
 from tui.app import PrimeAgentApp
@@ -24,6 +25,9 @@ async def test_first_message_creates_a_session_streams_and_condenses_cells(
         await until(pilot, lambda: chat.session_id is not None)
         await until(pilot, lambda: "The answer is **42**." in texts(chat, "assistant"))
         assert texts(chat, "user") == ["compute six times seven"]
+        # The daemon runs the tests' sessions on the local backend: the chat says, once, that
+        # this one is not isolated (the create-session reply's warning).
+        assert texts(chat, "notice") == [LOCAL_WARNING]
         assert chat.streamed > 0  # text arrived as deltas before the stored message
         # The cell is one line: first line of code, status, duration; collapsed.
         (cell,) = chat.query(CellView)
