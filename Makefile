@@ -10,8 +10,8 @@ DEMO_TASK ?= Compute the sum of the squares of the integers from 1 to 100 with P
 
 install: $(STAMP) bubblewrap
 
-# The bwrap sandbox backend needs bubblewrap (docs/docker.md, "Which backend"). As root with
-# apt-get (CI, a fresh container) it is installed, refreshing the package lists only when the
+# The bwrap sandbox backend needs bubblewrap (docs/docker.md, "Backend selection"). As root
+# with apt-get (CI, a fresh container) it is installed, refreshing the package lists only when the
 # first try fails; anyone else is told how, once, and `make install` goes on: the docker
 # backend may be all they use. `prime-agent doctor` says which backends work.
 bubblewrap:

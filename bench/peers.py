@@ -19,7 +19,7 @@ Scenarios (each a median over ``--runs`` runs):
 Ratios: ours/peer per scenario, and ours/floor for the step gap, the floor being the cell
 round trip through the Kernel Gateway (the ``cell`` time ``bench_overhead`` records).
 Not measured yet: warm ``-p`` through a running daemon, and 20/50 concurrent sessions
-(docs/bench.md says what is missing). These are measurements, never pass/fail.
+(docs/benchmarks.md says what is missing). These are measurements, never pass/fail.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Which sandbox backend a session gets: ``auto``, ``docker``, ``bwrap`` or ``local``
-(docs/docker.md, "Which backend").
+(docs/docker.md, "Backend selection").
 
 One rule for print mode (``sessions/runner.make_backend``), the daemon (``daemon/backends.py``)
 and import (``cli/import_.py``):

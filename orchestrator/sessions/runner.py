@@ -3,7 +3,7 @@
 This is print and JSON mode without a daemon. Start-up overlaps the slow parts: the root's
 sandbox, the embedded model server and the litellm import (on its thread) start together; the
 first model call does not wait for the sandbox, only the first cell does. The run ends when
-the whole tree is quiet: the root idle, no descendant running, no input waiting (SPEC.md).
+the whole tree is quiet: the root idle, no descendant running, no input waiting (docs/spec.md §1).
 """
 
 from __future__ import annotations
