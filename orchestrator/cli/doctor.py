@@ -54,6 +54,7 @@ def _doctor(fix: bool, all_instances: bool) -> int:
         checks.check_nats(paths, daemon),
         *asyncio.run(checks.check_database(paths, daemon)),
         *checks.check_local_sandboxes(paths, daemon, fix=fix),
+        *checks.check_bwrap_sandboxes(paths, daemon, fix=fix),
         *_docker_findings(fix, all_instances),
     ]
     for finding in findings:

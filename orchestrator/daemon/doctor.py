@@ -12,6 +12,7 @@ an orphan: it holds undelivered agent messages and the next daemon adopts it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
@@ -24,10 +25,12 @@ from typing import Any, Final
 import duckdb
 
 from orchestrator.paths import Paths
+from orchestrator.sandbox.base import SandboxRef
 
 __all__ = [
     "Finding",
     "check_backends",
+    "check_bwrap_sandboxes",
     "check_database",
     "check_local_sandboxes",
     "check_nats",
@@ -234,6 +237,35 @@ def check_local_sandboxes(
         if fix:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(info.pid, signal.SIGKILL)  # its group: gateway and kernel
+            finding.fixed = True
+        findings.append(finding)
+    return findings
+
+
+def check_bwrap_sandboxes(
+    paths: Paths, daemon: dict[str, Any] | None, *, fix: bool
+) -> list[Finding]:
+    """bwrap sandboxes marked by this user's daemon while no daemon runs: orphans, as
+    ``check_local_sandboxes`` finds gateways. ``--fix`` removes each as the next daemon would
+    (its pid namespace, cgroup and runtime dir: ``BwrapBackend.remove``)."""
+    from orchestrator.api.server import default_socket_path
+    from orchestrator.sandbox.bwrap import BACKEND_NAME, BwrapBackend, owned_sandboxes
+
+    if daemon is not None:
+        return [Finding("bwrap sandboxes", "owned by the running daemon")]
+    found = owned_sandboxes(str(default_socket_path(paths)))
+    if not found:
+        return [Finding("bwrap sandboxes", "no orphaned sandbox")]
+    findings = []
+    for info, runtime_dir in found:
+        finding = Finding(
+            "bwrap sandboxes",
+            f"orphaned sandbox pid {info.pid} ({runtime_dir}) of a daemon that is gone",
+            problem=True,
+        )
+        if fix:
+            ref = SandboxRef(BACKEND_NAME, str(info.pid), "", "", "", "", runtime_dir)
+            asyncio.run(BwrapBackend(pool_size=0).remove(ref))
             finding.fixed = True
         findings.append(finding)
     return findings

@@ -487,3 +487,28 @@ def test_bwrap_sandbox_survives_a_daemon_crash_and_is_adopted(
         ), (pids_alive([pid, sandbox]), _our_bwraps())
     finally:  # whatever failed: no sandbox of this daemon is left
         asyncio.run(BwrapBackend(owner=str(default_socket_path())).remove_unknown(set()))
+
+
+def test_doctor_removes_the_bwrap_sandbox_of_a_crashed_daemon(
+    daemons: None, bwrap_here: None, model: FakeModelServer, tmp_path: Path
+) -> None:
+    from orchestrator.sandbox.bwrap import BwrapBackend, owned_sandboxes
+
+    cwd = workspace(tmp_path / "ws")
+    try:
+        pid = _start_daemon()
+        asyncio.run(_define_x_and_nap(cwd, "bwrap"))
+        ((info, runtime_dir),) = owned_sandboxes(str(default_socket_path()))
+        doctor = cli(["doctor"])
+        assert "bwrap sandboxes: owned by the running daemon" in doctor.stdout, doctor.stdout
+
+        _kill_daemon(pid)
+        doctor = cli(["doctor"])
+        assert doctor.returncode == 1, doctor.stdout
+        assert f"orphaned sandbox pid {info.pid}" in doctor.stdout, doctor.stdout
+        fixed = cli(["doctor", "--fix"])
+        assert fixed.returncode == 0, fixed.stdout
+        assert wait_until(lambda: not _our_bwraps(), timeout=STOP_TIMEOUT_S)
+        assert not Path(runtime_dir).exists()  # nor what it kept on the host
+    finally:  # whatever failed: no sandbox of this daemon is left
+        asyncio.run(BwrapBackend(owner=str(default_socket_path())).remove_unknown(set()))
