@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -302,3 +302,12 @@ class CliRun:
 
     def kill(self) -> None:
         kill_process_tree(self.proc)
+
+
+def container_stopped(docker: Any, container_id: str) -> bool:
+    """The engine no longer reports the container running (killed, exited, or removed): the
+    condition a test waits for after killing one, instead of a fixed sleep."""
+    try:
+        return str(docker.containers.get(container_id).status) != "running"
+    except Exception:  # docker.errors.NotFound: gone is stopped (the SDK is imported lazily)
+        return True

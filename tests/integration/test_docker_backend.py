@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import SandboxSpec
-from tests.helpers import need
+from tests.helpers import container_stopped, need, wait_until
 from tests.integration.test_sandbox_conformance import docker_ready, workspace
 
 pytestmark = [
@@ -32,6 +32,8 @@ CAP = 4096
 SMALL_MEMORY = 384 * 1024**2
 SMALL_PIDS = 64
 BASE_PROCESSES = 3  # in a sandbox container at rest: docker-init, the gateway, the kernel
+# A killed container is reported stopped by the engine within this bound.
+KILL_SETTLE_S = 30.0
 SETTLE_DEADLINE_S = 15.0  # the gateway reaps adopted zombies every second
 POLL_S = 0.1
 HANG_S = 5.0  # after timeout + grace: give up on the container (fork bomb) sooner in tests
@@ -245,7 +247,9 @@ async def test_killed_container_recovers_with_a_notice(backend: object, tmp_path
         await sb.execute("y = 5", timeout_s=30, cell_id="a")
         old = sb.container_id
         await asyncio.to_thread(backend.docker.containers.get(old).kill)
-        await asyncio.sleep(0.5)  # let the gateway socket's close arrive
+        assert await asyncio.to_thread(
+            wait_until, lambda: container_stopped(backend.docker, old), timeout=KILL_SETTLE_S
+        )
         r = await sb.execute("print('back')", timeout_s=60, cell_id="b")
         assert r.status == "ok" and r.stdout == "back\n"
         assert r.kernel_restarted and "namespace is lost" in r.notice

@@ -29,7 +29,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.sandbox.base import ResourceLimits, SandboxSpec, WorkspaceMode
-from tests.helpers import need
+from tests.helpers import container_stopped, need, wait_until
 from tests.integration.test_sandbox_conformance import SANDBOX_UID, docker_ready, workspace
 
 pytestmark = [
@@ -39,6 +39,7 @@ pytestmark = [
 ]
 
 GRACE_S = 1.0
+KILL_SETTLE_S = 30.0  # a killed container is reported stopped within this bound
 MIB = 1024**2
 SPEC_MEMORY = 320 * MIB
 SPEC_CPUS = 0.5
@@ -167,8 +168,11 @@ async def test_workspace_copy_survives_a_replaced_container(backend: Any, tmp_pa
     try:
         r = await sb.execute("open('before.txt', 'w').write('kept')", timeout_s=60, cell_id="a")
         assert r.status == "ok", r
-        await asyncio.to_thread(backend.docker.containers.get(sb.container_id).kill)
-        await asyncio.sleep(0.5)
+        killed = sb.container_id
+        await asyncio.to_thread(backend.docker.containers.get(killed).kill)
+        assert await asyncio.to_thread(
+            wait_until, lambda: container_stopped(backend.docker, killed), timeout=KILL_SETTLE_S
+        )
         r = await sb.execute("open('before.txt').read()", timeout_s=60, cell_id="b")
         assert r.status == "ok" and r.result == "'kept'" and r.kernel_restarted, r
     finally:

@@ -434,15 +434,13 @@ async def test_warm_pool_acquire_returns_ready_sandbox(tmp_path: Path) -> None:
         backend.start_pool()
         await backend.pool.wait_ready(timeout_s=60)
         spec = _spec(tmp_path, "pool", env={"POOL_VAR": "p"})
-        started = time.monotonic()
+        # How fast a pooled sandbox answers is measured in bench/ (bench_first_cell.py), not here.
         sandbox = await backend.create(spec)
         result = await run(sandbox, "import os\nprint(os.getcwd(), os.environ['POOL_VAR'])")
-        first_cell_s = time.monotonic() - started
         assert result.stdout == f"{spec.cwd} p\n"
         assert sandbox.ref.session_id == "s-pool"
         stats = backend.pool.statistics()
         assert stats.hits == 1 and stats.misses == 0
-        assert first_cell_s < 1.0  # target 0.3 s; generous for loaded CI machines
         # The pool refills in the background.
         await backend.pool.wait_ready(timeout_s=60)
         # A different die_with_parent cannot come from this pool: cold start.

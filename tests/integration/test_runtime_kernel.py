@@ -401,10 +401,11 @@ async def _fails(call: Callable[[], Awaitable[Any]], exc: type[Exception], match
 
 async def test_nobody_listening_is_host_unavailable(bus: Bus) -> None:
     client = HostClient(session_env(bus.url, SID_ALONE))
-    took = await _fails(
+    # NATS answers "no responders" (the message says so), never the request's timeout: how
+    # fast that is belongs to bench/, not to this test.
+    await _fails(
         lambda: client.request("rlm.list_subagents", {}), HostUnavailable, "no orchestrator"
     )
-    assert took < 1.0  # NATS says "no responders" at once
     await client.close()
 
 
