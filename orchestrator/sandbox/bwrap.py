@@ -45,7 +45,6 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -57,9 +56,7 @@ from orchestrator.procs import ChildProcess, ChildStartError, pid_alive, start_c
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
-    CellResult,
     ResourceLimits,
-    Sandbox,
     SandboxBackend,
     SandboxInfo,
     SandboxRef,
@@ -102,6 +99,7 @@ from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import container_user, workspace_problem
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
 from orchestrator.sandbox.local import (
     LOG_TAIL_READ_BYTES,
     OWNER_ENV,
@@ -110,7 +108,6 @@ from orchestrator.sandbox.local import (
     read_ready_line,
     tail_text,
 )
-from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.reattach import reattach
 from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
@@ -455,7 +452,7 @@ async def _wait_exit(child: ChildProcess | AdoptedGateway, timeout_s: float) -> 
             await child.proc.wait()
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(GatewaySandbox):
     """One bwrap sandbox with its gateway and kernel. Cells are serialized by the caller."""
 
     kernel_snapshot_dir: str | None = None
@@ -463,6 +460,8 @@ class BwrapSandbox(Sandbox):
     def __init__(self, backend: BwrapBackend, spec: SandboxSpec):
         self.backend = backend
         self.spec = spec
+        self.output_cap_chars = backend.output_cap_chars
+        self.interrupt_grace_s = backend.interrupt_grace_s
         self.runtime_dir: Path | None = None
         self.token = ""
         self.child: ChildProcess | AdoptedGateway | None = None
@@ -715,61 +714,9 @@ class BwrapSandbox(Sandbox):
 
     # --- Sandbox ----------------------------------------------------------------------------
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        async with self._lock:
-            client = self._usable()
-            try:
-                notice = await client.prepare()
-                root = self.runtime_dir if self.runtime_dir is not None else self.spec.artifacts_dir
-                collector = OutputCollector(
-                    cap_chars=self.backend.output_cap_chars,
-                    artifact_path=artifact_path_for(root, cell_id),
-                )
-                try:
-                    result = await client.execute(
-                        code,
-                        timeout_s=timeout_s,
-                        interrupt_grace_s=self.backend.interrupt_grace_s,
-                        collector=collector,
-                    )
-                finally:
-                    collector.close()
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-            if notice:
-                result.notice = f"{notice} {result.notice}".strip()
-                result.kernel_restarted = True
-            return result
-
-    async def run_silent(
-        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
-    ) -> dict[str, Any]:
-        async with self._lock:
-            client = self._usable()
-            try:
-                return await client.run_silent(
-                    code, user_expressions=user_expressions, timeout_s=timeout_s
-                )
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-
-    async def interrupt(self) -> None:
-        client = self._usable()
-        try:
-            await client.interrupt()
-        except SandboxError as exc:
-            raise self._explain(exc) from exc
-
-    async def restart_kernel(self) -> None:
-        async with self._lock:
-            client = self._usable()
-            try:
-                await client.restart()
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-            client.unreported_restarts = 0
+    def _artifact_root(self) -> Path:
+        # The outputs dir is bound at the same path inside: a spilled file opens on both sides.
+        return self.runtime_dir if self.runtime_dir is not None else self.spec.artifacts_dir
 
     async def is_alive(self) -> bool:
         if self._stopped or self.client is None or self._exit_status() is not None:

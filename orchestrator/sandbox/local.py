@@ -43,8 +43,6 @@ from orchestrator.procs import ChildProcess, ChildStartError, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
-    CellResult,
-    Sandbox,
     SandboxBackend,
     SandboxInfo,
     SandboxRef,
@@ -59,7 +57,7 @@ from orchestrator.sandbox.gateway_main import (
     DEVICE_ENV_NAMES,
     TOKEN_ENV,
 )
-from orchestrator.sandbox.output import OutputCollector, artifact_path_for
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy, local_workspace
@@ -280,7 +278,7 @@ class AdoptedGateway:
             os.killpg(self.info.pid, signal.SIGKILL)
 
 
-class LocalSandbox(Sandbox):
+class LocalSandbox(GatewaySandbox):
     """One gateway child process and its kernel. Cells are serialized by the caller."""
 
     def __init__(
@@ -367,61 +365,6 @@ class LocalSandbox(Sandbox):
 
     # --- Sandbox ----------------------------------------------------------------------------
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be positive")
-        async with self._lock:
-            self._check_usable()
-            try:
-                notice = await self.client.prepare()
-                collector = OutputCollector(
-                    cap_chars=self.output_cap_chars,
-                    artifact_path=artifact_path_for(self.spec.artifacts_dir, cell_id),
-                )
-                try:
-                    result = await self.client.execute(
-                        code,
-                        timeout_s=timeout_s,
-                        interrupt_grace_s=self.interrupt_grace_s,
-                        collector=collector,
-                    )
-                finally:
-                    collector.close()
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-            if notice:
-                result.notice = f"{notice} {result.notice}".strip()
-                result.kernel_restarted = True
-            return result
-
-    async def run_silent(
-        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
-    ) -> dict[str, Any]:
-        async with self._lock:
-            self._check_usable()
-            try:
-                return await self.client.run_silent(
-                    code, user_expressions=user_expressions, timeout_s=timeout_s
-                )
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-
-    async def interrupt(self) -> None:
-        self._check_usable()
-        try:
-            await self.client.interrupt()
-        except SandboxError as exc:
-            raise self._explain(exc) from exc
-
-    async def restart_kernel(self) -> None:
-        async with self._lock:
-            self._check_usable()
-            try:
-                await self.client.restart()
-            except SandboxError as exc:
-                raise self._explain(exc) from exc
-            self.client.unreported_restarts = 0
-
     async def is_alive(self) -> bool:
         if self._stopped or self._exit_status() is not None:
             return False
@@ -455,11 +398,12 @@ class LocalSandbox(Sandbox):
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def _usable(self) -> KernelGatewayClient:
         if self._stopped:
             raise SandboxError(f"sandbox {self.ref.session_id} is stopped")
         if self._exit_status() is not None:
             raise KernelDied(self._gateway_exit_message())
+        return self.client
 
     def _explain(self, exc: SandboxError) -> SandboxError:
         if self._exit_status() is not None:

@@ -1,0 +1,106 @@
+"""A sandbox whose kernel is reached through one ``KernelGatewayClient`` (local and bwrap).
+
+What such a sandbox does per call is the same whatever holds the gateway (a child process, a
+bwrap namespace): a cell, host code and a restart take ``_lock`` (one at a time, whatever the
+caller does); a cell is written through an ``OutputCollector`` whose full output goes to
+``_artifact_root()``; a restart the gateway did on its own since the last cell is reported on
+the next result. What differs is how a gone sandbox is told apart from a failing call:
+``_usable`` (the client, or ``SandboxError``/``KernelDied`` before anything is sent) and
+``_explain`` (a ``SandboxError`` raised mid-call, turned into ``KernelDied`` when the sandbox
+itself has exited).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import SandboxError
+from orchestrator.sandbox.base import CellResult, Sandbox, SandboxSpec
+from orchestrator.sandbox.gateway import KernelGatewayClient
+from orchestrator.sandbox.output import OutputCollector, artifact_path_for
+
+__all__ = ["GatewaySandbox"]
+
+
+class GatewaySandbox(Sandbox):
+    """The calls of ``Sandbox`` over one gateway client; subclasses say when it is usable."""
+
+    # All four are set by the subclass's __init__. ``_lock``: one execution / restart at a time.
+    spec: SandboxSpec
+    _lock: asyncio.Lock
+
+    # Each text field of a result is cut to this many characters (the rest goes to a file).
+    output_cap_chars: int
+    # How long an interrupted cell may take to stop before its kernel is restarted.
+    interrupt_grace_s: float
+
+    @abc.abstractmethod
+    def _usable(self) -> KernelGatewayClient:
+        """The client, or ``SandboxError`` (stopped) / ``KernelDied`` (gone) at once."""
+
+    @abc.abstractmethod
+    def _explain(self, exc: SandboxError) -> SandboxError:
+        """``exc`` raised during a call, or ``KernelDied`` when the sandbox has exited."""
+
+    def _artifact_root(self) -> Path:
+        """Where a cell's full output is written (host side)."""
+        return self.spec.artifacts_dir
+
+    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be positive")
+        async with self._lock:
+            client = self._usable()
+            try:
+                notice = await client.prepare()
+                collector = OutputCollector(
+                    cap_chars=self.output_cap_chars,
+                    artifact_path=artifact_path_for(self._artifact_root(), cell_id),
+                )
+                try:
+                    result = await client.execute(
+                        code,
+                        timeout_s=timeout_s,
+                        interrupt_grace_s=self.interrupt_grace_s,
+                        collector=collector,
+                    )
+                finally:
+                    collector.close()
+            except SandboxError as exc:
+                raise self._explain(exc) from exc
+            if notice:
+                result.notice = f"{notice} {result.notice}".strip()
+                result.kernel_restarted = True
+            return result
+
+    async def run_silent(
+        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
+    ) -> dict[str, Any]:
+        async with self._lock:
+            client = self._usable()
+            try:
+                return await client.run_silent(
+                    code, user_expressions=user_expressions, timeout_s=timeout_s
+                )
+            except SandboxError as exc:
+                raise self._explain(exc) from exc
+
+    async def interrupt(self) -> None:
+        client = self._usable()
+        try:
+            await client.interrupt()
+        except SandboxError as exc:
+            raise self._explain(exc) from exc
+
+    async def restart_kernel(self) -> None:
+        async with self._lock:
+            client = self._usable()
+            try:
+                await client.restart()
+            except SandboxError as exc:
+                raise self._explain(exc) from exc
+            client.unreported_restarts = 0
