@@ -120,7 +120,9 @@ def test_a_failed_turn_never_kills_the_session(model: FakeModelServer) -> None:
         before = len(model.requests)
         code, lines, err = _json_run(f"FAULT-{fault} go")
         assert code == EXIT_ERROR, (fault, err)
-        assert err.startswith("prime-agent: error: "), err
+        # One error line (after the local backend's warning that it isolates nothing).
+        errors = [line for line in err.splitlines() if not line.startswith("prime-agent: warning:")]
+        assert len(errors) == 1 and errors[0].startswith("prime-agent: error: "), err
         sid = lines[0]["id"]
         ends = [e["payload"] for e in lines if e.get("type") == "turn_end"]
         assert ends == [{"reason": "error", "error_class": error_class}], (fault, lines)
