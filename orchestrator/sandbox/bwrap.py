@@ -796,11 +796,6 @@ class BwrapSandbox(GatewaySandbox):
             raise KernelDied(self._exit_message())
         return self.client
 
-    def _explain(self, exc: SandboxError) -> SandboxError:
-        if self._exit_status() is not None:
-            return KernelDied(self._exit_message())
-        return exc
-
     def _exit_message(self) -> str:
         child = self.child
         tail = child.stderr_tail().strip().splitlines()[-3:] if child is not None else []

@@ -6,8 +6,8 @@ caller does); a cell is written through an ``OutputCollector`` whose full output
 ``_artifact_root()``; a restart the gateway did on its own since the last cell is reported on
 the next result. What differs is how a gone sandbox is told apart from a failing call:
 ``_usable`` (the client, or ``SandboxError``/``KernelDied`` before anything is sent) and
-``_explain`` (a ``SandboxError`` raised mid-call, turned into ``KernelDied`` when the sandbox
-itself has exited).
+``_exit_status``/``_exit_message`` (a ``SandboxError`` raised mid-call becomes ``KernelDied``
+when the sandbox itself has exited).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import SandboxError
+from orchestrator.errors import KernelDied, SandboxError
 from orchestrator.sandbox.base import CellResult, Sandbox, SandboxSpec
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
@@ -43,8 +43,18 @@ class GatewaySandbox(Sandbox):
         """The client, or ``SandboxError`` (stopped) / ``KernelDied`` (gone) at once."""
 
     @abc.abstractmethod
+    def _exit_status(self) -> int | None:
+        """None while whatever holds the gateway runs; its exit status once it has exited."""
+
+    @abc.abstractmethod
+    def _exit_message(self) -> str:
+        """One line: what exited, its status and the last lines of its log."""
+
     def _explain(self, exc: SandboxError) -> SandboxError:
         """``exc`` raised during a call, or ``KernelDied`` when the sandbox has exited."""
+        if self._exit_status() is not None:
+            return KernelDied(self._exit_message())
+        return exc
 
     def _artifact_root(self) -> Path:
         """Where a cell's full output is written (host side)."""

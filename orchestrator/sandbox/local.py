@@ -402,15 +402,10 @@ class LocalSandbox(GatewaySandbox):
         if self._stopped:
             raise SandboxError(f"sandbox {self.ref.session_id} is stopped")
         if self._exit_status() is not None:
-            raise KernelDied(self._gateway_exit_message())
+            raise KernelDied(self._exit_message())
         return self.client
 
-    def _explain(self, exc: SandboxError) -> SandboxError:
-        if self._exit_status() is not None:
-            return KernelDied(self._gateway_exit_message())
-        return exc
-
-    def _gateway_exit_message(self) -> str:
+    def _exit_message(self) -> str:
         tail = self.child.stderr_tail().strip().splitlines()[-3:]
         return f"kernel gateway (pid {self.child.pid}) exited with status {self._exit_status()}" + (
             ": " + " | ".join(tail) if tail else ""
