@@ -45,6 +45,12 @@ def screen_text(pilot: Pilot[None]) -> str:
     return "\n".join(strip.text.rstrip() for strip in strips)
 
 
+def title_line(pilot: Pilot[None]) -> str:
+    """The screen's first line; empty while a new screen has not rendered yet."""
+    lines = screen_text(pilot).splitlines()
+    return lines[0] if lines else ""
+
+
 async def until_async(
     pilot: Pilot[None],
     predicate: Callable[[], Awaitable[bool]],

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.testing import FakeModelServer
-from tests.tui.pilot import screen_text, until
+from tests.tui.pilot import screen_text, title_line, until
 from tui.agents import AgentsScreen
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
@@ -53,7 +53,7 @@ async def test_slash_commands_typed_in_the_chat(daemon: Path, project: Path) -> 
 
         await pilot.press(*"/model openai/other", "enter")
         await until(pilot, lambda: any("openai/other" in t for t in _said(chat)))
-        await until(pilot, lambda: "openai/other" in screen_text(pilot).splitlines()[0])
+        await until(pilot, lambda: "openai/other" in title_line(pilot))
 
         await pilot.press(*"/goal Ship it --budget 500", "enter")
         await until(pilot, lambda: any("Ship it" in t for t in _said(chat)))
@@ -71,7 +71,7 @@ async def test_slash_commands_typed_in_the_chat(daemon: Path, project: Path) -> 
         await until(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen is not chat)
         fork = app.screen
         assert isinstance(fork, ChatScreen) and fork.session_id not in (None, original)
-        await until(pilot, lambda: "(fork)" in screen_text(pilot).splitlines()[0])
+        await until(pilot, lambda: "(fork)" in title_line(pilot))
 
         await pilot.press(*"/agents", "enter")
         await until(pilot, lambda: isinstance(app.screen, AgentsScreen))
