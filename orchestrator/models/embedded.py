@@ -32,7 +32,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal, Protocol
 
-import orchestrator
 from orchestrator.errors import EmbeddedModelError
 from orchestrator.models.embedded_server import API_KEY_ENV, LISTEN_HOST
 from orchestrator.paths import Paths, ensure_private_dir
@@ -68,6 +67,8 @@ DISK_HEADROOM_BYTES = 64 * 1024 * 1024
 BYTES_PER_MB = 1_000_000
 
 EMBEDDED_SERVER_MODULE = "orchestrator.models.embedded_server"
+# This file is orchestrator/models/embedded.py: the import root is two folders above its own.
+_PACKAGE_DEPTH = 2
 # Load takes ~1.5 s for 0.5B and ~3 s for 1.5B on 2 cores; a cold page cache or a busy machine
 # can stretch that a lot, and failing a start costs the user more than waiting.
 EMBEDDED_READY_TIMEOUT_S = 120.0
@@ -395,7 +396,7 @@ def ensure_model_file(
 
 def _import_root() -> str:
     """The directory holding the ``orchestrator`` package, so the child runs this same code."""
-    return str(Path(orchestrator.__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[_PACKAGE_DEPTH])
 
 
 class EmbeddedModel:
