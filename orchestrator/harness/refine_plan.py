@@ -50,6 +50,7 @@ from orchestrator.harness.entries import (
     check_title,
     slugify,
 )
+from orchestrator.store.history_entries import entry_of
 from orchestrator.store.queries import EventRecord
 
 __all__ = [
@@ -483,12 +484,9 @@ def render_history(items: Sequence[HistoryItem]) -> str:
 
 
 def serialize_conversation(events: Sequence[EventRecord], *, max_chars: int) -> str:
-    """The conversation as ``[role] text`` blocks, the newest ``max_chars`` of it."""
-    # Imported here, not at the top: sessions/ imports harness/ (the manager holds the
-    # Refiner), and history_service imports the manager, so a module-level import would be
-    # a cycle. entry_of is the one place an event becomes role and text.
-    from orchestrator.sessions.history_service import entry_of
-
+    """The conversation as ``[role] text`` blocks, the newest ``max_chars`` of it (each
+    event as ``history`` shows it: ``entry_of`` is the one place an event becomes role and
+    text)."""
     blocks: list[str] = []
     used = 0
     for event in reversed(events):

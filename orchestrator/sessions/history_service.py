@@ -3,48 +3,43 @@ history").
 
 ``history.search / get / tail`` read the caller's whole recorded history, compacted parts
 included, from the store (the kernel never opens the database); every answer is bounded in
-events and characters. ``compact.run`` asks the caller's loop for a compaction at its next
+events and characters, and each event is shown as ``store/history_entries.py`` makes it an
+entry. ``compact.run`` asks the caller's loop for a compaction at its next
 step boundary; ``compact.status`` reports the context's size against the threshold. As for
 every host request, the caller is the session whose NATS subject the request came on.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
 from orchestrator.bus.router import HostRequestError
 from orchestrator.sessions.compaction import SCHEDULED_NOTE
 from orchestrator.sessions.live import LiveSession
-from orchestrator.sessions.manager import Orchestrator
 from orchestrator.store.context_queries import (
     select_history_range,
     select_history_search,
     select_history_tail,
 )
-from orchestrator.store.db import EventRecord
+from orchestrator.store.db import Store
+from orchestrator.store.history_entries import entry_of
 
 __all__ = [
     "HISTORY_GET_MAX_EVENTS",
     "HISTORY_REPLY_MAX_CHARS",
     "HISTORY_SEARCH_LIMIT_MAX",
     "HISTORY_TAIL_MAX",
-    "HISTORY_TEXT_MAX_CHARS",
+    "HistoryHost",
     "HistoryService",
-    "entry_of",
 ]
 
 HISTORY_SEARCH_LIMIT_MAX: Final = 100
 HISTORY_TAIL_MAX: Final = 200
 HISTORY_GET_MAX_EVENTS: Final = 200  # events per history.get answer (``more`` says if cut)
-HISTORY_TEXT_MAX_CHARS: Final = 4000  # one entry's text (a search shows the part that matched)
 HISTORY_REPLY_MAX_CHARS: Final = 256 * 1024  # all entries of one answer together
 SEARCH_TEXT_MAX_CHARS: Final = 1000
 COMPACT_INSTRUCTIONS_MAX_CHARS: Final = 4000
-# A search hit's excerpt starts this share of the excerpt before the match.
-MATCH_CONTEXT_SHARE: Final = 4
-CUT_MARK: Final = "…"
 NO_TURN: Final = "no turn is running: call it from a cell, or use /compact"
 
 Handler = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -70,72 +65,6 @@ def _int_arg(args: dict[str, Any], key: str, low: int, high: int | None = None) 
     return value
 
 
-def _code(arguments: str) -> str:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    code = parsed.get("code") if isinstance(parsed, dict) else None
-    return code if isinstance(code, str) else arguments
-
-
-def _role_and_text(event: EventRecord) -> tuple[str, str]:
-    p = event.payload
-    if event.type == "user_message":
-        source = str(p.get("source") or "user")
-        if source == "agent":
-            return "user", f"[message from {p.get('sender_label') or p.get('sender')}]\n{p['text']}"
-        return ("user" if source in ("user", "parent") else source), str(p.get("text", ""))
-    if event.type == "assistant_message":
-        parts = [str(p.get("text") or "")] if p.get("text") else []
-        if not p.get("fenced"):
-            for call in p.get("tool_calls") or []:
-                parts.append(f"[{call.get('name', 'tool')}]\n{_code(str(call.get('arguments')))}")
-        return "assistant", "\n".join(parts)
-    if event.type == "tool_result":
-        return "tool", str(p.get("text", ""))
-    if event.type in ("compaction", "branch_summary"):
-        return "summary", str(p.get("summary", ""))
-    if event.type == "error":
-        return "error", f"{p.get('kind', '')}: {p.get('message', '')}"
-    if event.type == "model_change":
-        return "notice", f"model changed to {p.get('model')}"
-    if event.type == "aborted":
-        return "notice", f"aborted ({p.get('reason', '')})"
-    return "notice", str(p.get("text", ""))
-
-
-def _excerpt(text: str, match: str | None) -> tuple[str, bool]:
-    if len(text) <= HISTORY_TEXT_MAX_CHARS:
-        return text, False
-    start = 0
-    if match:
-        found = text.lower().find(match.lower())
-        if found > 0:
-            start = max(0, found - HISTORY_TEXT_MAX_CHARS // MATCH_CONTEXT_SHARE)
-    piece = text[start : start + HISTORY_TEXT_MAX_CHARS]
-    head = CUT_MARK if start > 0 else ""
-    tail = CUT_MARK if start + HISTORY_TEXT_MAX_CHARS < len(text) else ""
-    return f"{head}{piece}{tail}", True
-
-
-def entry_of(event: EventRecord, match: str | None = None) -> dict[str, Any]:
-    """An event as ``history`` shows it (``HistoryEntry`` in the kernel)."""
-    role, text = _role_and_text(event)
-    shown, truncated = _excerpt(text, match)
-    entry: dict[str, Any] = {
-        "seq": event.seq,
-        "id": event.id,
-        "type": event.type,
-        "role": role,
-        "text": shown,
-        "at": event.ts.isoformat(),
-    }
-    if truncated:
-        entry["truncated"] = True
-    return entry
-
-
 def _bounded(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
     """At most ``HISTORY_REPLY_MAX_CHARS`` of text in one answer (always at least one)."""
     out: list[dict[str, Any]] = []
@@ -148,10 +77,21 @@ def _bounded(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]
     return out, False
 
 
-class HistoryService:
-    """The ``history.*`` and ``compact.*`` handlers over an ``Orchestrator``."""
+class HistoryHost(Protocol):
+    """What the handlers need from the orchestrator that owns the sessions (``Orchestrator``):
+    the loaded sessions, to find the caller, and the store its history is read from."""
 
-    def __init__(self, orch: Orchestrator):
+    @property
+    def sessions(self) -> Mapping[str, LiveSession]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+
+class HistoryService:
+    """The ``history.*`` and ``compact.*`` handlers over a ``HistoryHost``."""
+
+    def __init__(self, orch: HistoryHost):
         self.orch = orch
 
     def handlers(self) -> dict[str, Handler]:

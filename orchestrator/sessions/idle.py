@@ -24,19 +24,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
 
-from orchestrator.sessions.live import LiveSession
-
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
+from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.sessions.sandbox_records import AdoptedSandboxes
+from orchestrator.sessions.supervisor import SandboxSupervisor
 
 __all__ = [
     "IDLE_SWEEP_FRACTION",
     "IDLE_SWEEP_MAX_S",
     "IDLE_SWEEP_MIN_S",
     "UNLOADABLE_STATES",
+    "IdleHost",
     "IdleUnloader",
 ]
 
@@ -51,11 +51,37 @@ UNLOADABLE_STATES: Final = frozenset({"idle", "completed", "failed"})
 _Mark = tuple[str, int, int]  # (state, turns, queued input)
 
 
+class IdleHost(Protocol):
+    """What the unloader needs from the orchestrator whose sessions it watches
+    (``Orchestrator``): the loaded sessions, their sandboxes, and load / unload / submit."""
+
+    @property
+    def sessions(self) -> Mapping[str, LiveSession]: ...
+
+    @property
+    def adopted(self) -> AdoptedSandboxes:
+        """Sandboxes adopted after a restart whose session is not loaded yet."""
+        ...
+
+    @property
+    def sandboxes(self) -> SandboxSupervisor:
+        """Namespace snapshots of the loaded sessions' sandboxes."""
+        ...
+
+    async def load_session_id(self, session_id: str) -> LiveSession: ...
+
+    async def unload(self, live: LiveSession) -> None:
+        """Take a quiet session and its loaded descendants out of memory."""
+        ...
+
+    def submit(self, live: LiveSession, item: Inbound) -> str: ...
+
+
 class IdleUnloader:
     """The sweep task of one orchestrator. ``attached(session_id)`` says whether a client is
     attached (the daemon sets it; without it only activity counts)."""
 
-    def __init__(self, orch: Orchestrator, *, after_s: float | None):
+    def __init__(self, orch: IdleHost, *, after_s: float | None):
         self.orch = orch
         self.after_s = after_s
         self.attached: Callable[[str], bool] = lambda _session_id: False

@@ -24,25 +24,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from orchestrator.agent.loop import TurnOutcome
 from orchestrator.control.autonomous import (
     EXIT_CODES,
     AutonomousPolicy,
+    Autonomy,
     Continue,
     Stop,
     StopReason,
 )
-from orchestrator.control.goals import start_text
+from orchestrator.control.goals import Goals, start_text
+from orchestrator.harness.refine import Refiner
 from orchestrator.sessions.live import Inbound, LiveSession, RunStop
 from orchestrator.sessions.session_target import SessionTarget
 from orchestrator.store.events import AutonomousStopPayload, UserMessagePayload
 
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
-
-__all__ = ["GOAL_BUDGET_STOP", "after_turn"]
+__all__ = ["GOAL_BUDGET_STOP", "PostTurnHost", "after_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +55,26 @@ GOAL_STOPS: Final[dict[str, StopReason]] = {
 }
 
 
+class PostTurnHost(Protocol):
+    """What the post-turn work needs from the orchestrator that runs the session
+    (``Orchestrator``): the three controllers, the session as they see it, and its queue."""
+
+    @property
+    def refiner(self) -> Refiner: ...
+
+    @property
+    def goals(self) -> Goals: ...
+
+    @property
+    def autonomy(self) -> Autonomy: ...
+
+    def session_target(self, live: LiveSession) -> SessionTarget: ...
+
+    def submit(self, live: LiveSession, item: Inbound) -> str:
+        """Queue input for ``live``; "delivered" (a turn starts now) or "queued"."""
+        ...
+
+
 async def _guarded(what: str, live: LiveSession, work: Awaitable[_T]) -> _T | None:
     try:
         return await work
@@ -64,12 +83,12 @@ async def _guarded(what: str, live: LiveSession, work: Awaitable[_T]) -> _T | No
         return None
 
 
-def _continue(orch: Orchestrator, live: LiveSession, text: str) -> None:
+def _continue(orch: PostTurnHost, live: LiveSession, text: str) -> None:
     message = UserMessagePayload(text=text, source="harness")
     orch.submit(live, Inbound(message, mode="follow_up"))
 
 
-async def after_turn(orch: Orchestrator, live: LiveSession, outcome: TurnOutcome) -> None:
+async def after_turn(orch: PostTurnHost, live: LiveSession, outcome: TurnOutcome) -> None:
     target = orch.session_target(live)
     await _guarded("refine", live, orch.refiner.at_boundary(target))
     text = await _guarded("goal", live, orch.goals.after_turn(target, outcome.reason))
@@ -90,7 +109,7 @@ async def after_turn(orch: Orchestrator, live: LiveSession, outcome: TurnOutcome
 
 
 async def _goal_end(
-    orch: Orchestrator, live: LiveSession, target: SessionTarget, goal_id: str
+    orch: PostTurnHost, live: LiveSession, target: SessionTarget, goal_id: str
 ) -> bool:
     """The goal this session was continued for continues no more: when it completed or hit
     its budget (after the wrap-up turn) the goal run ends, says so in its final event, and
@@ -115,7 +134,7 @@ async def _goal_end(
 
 
 async def begin_run(
-    orch: Orchestrator,
+    orch: PostTurnHost,
     live: LiveSession,
     *,
     autonomous: AutonomousPolicy | None = None,

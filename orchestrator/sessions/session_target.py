@@ -10,27 +10,49 @@ up the tree. Gates run in the session's own sandbox (started when it has none).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orchestrator.harness.entries import GLOBAL_OWNER
 from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.sessions.live import LiveSession
 
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
-
-__all__ = ["SessionTarget", "descendants"]
+__all__ = ["SessionHost", "SessionTarget", "descendants"]
 
 
-def descendants(orch: Orchestrator, session_id: str) -> list[LiveSession]:
+class SessionHost(Protocol):
+    """What a ``SessionTarget`` needs from the orchestrator that owns its session
+    (``Orchestrator``): the loaded sessions, and the few operations a controller may ask for."""
+
+    @property
+    def sessions(self) -> Mapping[str, LiveSession]: ...
+
+    async def record(self, live: LiveSession, type_: str, payload: Any) -> Any:
+        """Append an event to ``live``'s history; the stored record comes back."""
+        ...
+
+    def harness_changed(self, owner: str) -> None:
+        """Entries of ``owner`` changed: prompts built from them are rebuilt at next use."""
+        ...
+
+    async def sandbox_of(self, live: LiveSession) -> Sandbox:
+        """``live``'s sandbox, started when it has none."""
+        ...
+
+    async def stop_session(self, live: LiveSession, *, state: str = ...) -> None:
+        """Cancel ``live`` and its descendants (cascade)."""
+        ...
+
+
+def descendants(sessions: Mapping[str, LiveSession], session_id: str) -> list[LiveSession]:
     """The loaded sessions below ``session_id`` (through loaded parents)."""
     found: list[LiveSession] = []
-    for other in orch.sessions.values():
+    for other in sessions.values():
         parent = other.record.parent_id
         while parent is not None and parent != session_id:
-            above = orch.sessions.get(parent)
+            above = sessions.get(parent)
             parent = above.record.parent_id if above is not None else None
         if parent == session_id:
             found.append(other)
@@ -38,7 +60,7 @@ def descendants(orch: Orchestrator, session_id: str) -> list[LiveSession]:
 
 
 class SessionTarget:
-    def __init__(self, orch: Orchestrator, live: LiveSession):
+    def __init__(self, orch: SessionHost, live: LiveSession):
         self._orch = orch
         self.live = live
 
@@ -66,7 +88,7 @@ class SessionTarget:
         """A descendant is in a turn or has input waiting: its report will wake this one."""
         return any(
             d.state == "running" or d.follow or d.steer
-            for d in descendants(self._orch, self.live.id)
+            for d in descendants(self._orch.sessions, self.live.id)
         )
 
     async def complete(self, messages: list[dict[str, Any]]) -> ModelReply:
@@ -94,7 +116,7 @@ class SessionTarget:
         kept), explicitly; the answer says which (id -> "cancelled"). Those already quiet
         are left as they are."""
         settled: dict[str, str] = {}
-        for child in descendants(self._orch, self.live.id):
+        for child in descendants(self._orch.sessions, self.live.id):
             if child.record.parent_id != self.live.id:
                 continue  # a grandchild goes with its parent (cascade)
             if child.state == "running" or child.follow or child.steer:

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.runtime import LAZY_HELPERS, RUNTIME_NAMES
 from orchestrator.runtime.errors import InternalHostError, InvalidArgument
 from orchestrator.runtime.history import Compact, History, HistoryEntry
-from orchestrator.sessions.history_service import HISTORY_TEXT_MAX_CHARS, entry_of
+from orchestrator.store.history_entries import HISTORY_TEXT_MAX_CHARS, entry_of
 from orchestrator.store.queries import EventRecord
 from tests.unit.test_runtime_api import RecordingClient
 
