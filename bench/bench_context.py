@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.agent.compaction import Compactor
+from orchestrator.agent.context import ContextBuilder
 from orchestrator.ids import new_session_id
 from orchestrator.models.client import ModelReply
-from orchestrator.sessions.context import ContextBuilder
 from orchestrator.settings import CompactionSettings
 from orchestrator.store.context_queries import read_context_path
 from orchestrator.store.db import SessionRecord, Store

@@ -31,6 +31,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from orchestrator.agent.context import (
+    MESSAGE_OVERHEAD_TOKENS,
+    ContextBuilder,
+    ContextEntry,
+    estimate_tokens,
+    summary_message,
+)
 from orchestrator.agent.kernel_memory import (
     KernelVariable,
     drop_variables,
@@ -40,13 +47,6 @@ from orchestrator.agent.kernel_memory import (
 from orchestrator.errors import ModelError, PrimeAgentError
 from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
-from orchestrator.sessions.context import (
-    MESSAGE_OVERHEAD_TOKENS,
-    ContextBuilder,
-    ContextEntry,
-    estimate_tokens,
-    summary_message,
-)
 from orchestrator.settings import CompactionSettings
 from orchestrator.store.events import CompactionPayload
 

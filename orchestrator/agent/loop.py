@@ -29,6 +29,7 @@ from orchestrator.agent.compaction import (
     NothingToCompact,
     Reason,
 )
+from orchestrator.agent.context import ContextBuilder, estimate_tokens
 from orchestrator.agent.fenced import extract_fenced_call
 from orchestrator.agent.prompts import IPYTHON_TOOL
 from orchestrator.agent.shaping import shape_cell_result
@@ -38,7 +39,6 @@ from orchestrator.ids import new_tool_call_id
 from orchestrator.models.client import ContextOverflow, ModelClient, ModelReply, RetryInfo
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.sandbox.base import Sandbox
-from orchestrator.sessions.context import ContextBuilder, estimate_tokens
 from orchestrator.settings import DEFAULT_CONTEXT_WINDOW, Settings
 from orchestrator.store.events import (
     AbortedPayload,

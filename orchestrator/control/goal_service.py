@@ -18,17 +18,15 @@ A refused request (a goal is already open, there is none, a bad objective or bud
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol, cast
 
 from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.control.goals import Goals, GoalTarget
 from orchestrator.errors import GoalError
-from orchestrator.sessions.live import LiveSession
-from orchestrator.sessions.manager import Orchestrator
 
-__all__ = ["AGENT_SOURCE", "GOALS_DISABLED", "GoalService"]
+__all__ = ["AGENT_SOURCE", "GOALS_DISABLED", "GoalCaller", "GoalHost", "GoalService"]
 
 # The source of every goal change made through these requests (the CLI's are "user").
 AGENT_SOURCE: Final = "agent"
@@ -47,6 +45,27 @@ class _NoArgs(RequestArgs):
     pass
 
 
+class GoalCaller(Protocol):
+    """What the handlers read of the live session a request came from (a ``LiveSession``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class GoalHost(Protocol):
+    """What the handlers need of the orchestrator: its live sessions by id.
+
+    ``goals`` and ``session_target`` are optional hooks, looked up when a request needs them:
+    an orchestrator without them answers ``unknown_request`` (``GOALS_DISABLED``).
+    """
+
+    @property
+    def sessions(self) -> Mapping[str, GoalCaller]: ...
+
+
 def _refused(exc: GoalError) -> HostRequestError:
     return HostRequestError(exc.code, str(exc))
 
@@ -54,7 +73,7 @@ def _refused(exc: GoalError) -> HostRequestError:
 class GoalService:
     """The ``goal.*`` handlers over an ``Orchestrator`` (``.goals``, ``.session_target``)."""
 
-    def __init__(self, orch: Orchestrator):
+    def __init__(self, orch: GoalHost):
         self.orch = orch
 
     def handlers(self) -> dict[str, Handler]:
@@ -66,7 +85,7 @@ class GoalService:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _live(self, session_id: str) -> LiveSession:
+    def _live(self, session_id: str) -> GoalCaller:
         live = self.orch.sessions.get(session_id)
         if live is None or live.state == "deleted":
             raise HostRequestError("not_found", f"session {session_id} is not live here")
@@ -78,7 +97,7 @@ class GoalService:
             raise HostRequestError("unknown_request", GOALS_DISABLED)
         return cast(Goals, goals)
 
-    def _target(self, live: LiveSession) -> GoalTarget:
+    def _target(self, live: GoalCaller) -> GoalTarget:
         make_target = getattr(self.orch, "session_target", None)
         if make_target is None:
             raise HostRequestError("unknown_request", GOALS_DISABLED)

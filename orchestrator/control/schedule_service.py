@@ -24,9 +24,9 @@ import datetime as dt
 import json
 import re
 import unicodedata
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import duckdb
 from pydantic import Field
@@ -53,9 +53,6 @@ from orchestrator.store.schedules import (
     ScheduleSource,
 )
 
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
-
 __all__ = [
     "DEFAULT_DELIVERY",
     "DEFAULT_HEARTBEAT_INTERVAL",
@@ -69,7 +66,9 @@ __all__ = [
     "REF_MAX_CHARS",
     "SCHEDULE_LIST_MAX_ITEMS",
     "SPEC_MAX_CHARS",
+    "HeartbeatCaller",
     "HeartbeatCommandResult",
+    "HeartbeatHost",
     "ScheduleService",
     "add_schedule",
     "cancel_schedule",
@@ -573,13 +572,33 @@ def _refused(where: str, exc: ScheduleError | ScheduleSpecError) -> HostRequestE
     return HostRequestError(code, f"{where}: {exc}")
 
 
+class HeartbeatCaller(Protocol):
+    """What the handlers read of the live session a request came from (a ``LiveSession``)."""
+
+    @property
+    def state(self) -> str: ...
+
+
+class HeartbeatHost(Protocol):
+    """What the handlers need of the orchestrator: its live sessions by id and its store.
+
+    ``scheduler`` is an optional hook (the daemon's), looked up when a change must wake it.
+    """
+
+    @property
+    def sessions(self) -> Mapping[str, HeartbeatCaller]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+
 class ScheduleService:
     """The ``rlm_heartbeat.*`` handlers over an ``Orchestrator`` (its ``store``, ``sessions``
     and, when it has one, ``scheduler``)."""
 
     def __init__(
         self,
-        orch: Orchestrator,
+        orch: HeartbeatHost,
         *,
         clock: Callable[[], dt.datetime] = utcnow,
         tz: dt.tzinfo = dt.UTC,

@@ -32,8 +32,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final, Protocol
 
 import duckdb
 from pydantic import Field
@@ -54,15 +54,16 @@ from orchestrator.harness.entries import (
     slugify,
 )
 from orchestrator.harness.proposals import propose
-from orchestrator.sessions.live import LiveSession
-from orchestrator.sessions.manager import Orchestrator
 from orchestrator.store import harness as harness_store
 from orchestrator.store import refinements as refinement_store
+from orchestrator.store.db import Store
 
 __all__ = [
     "HARNESS_HISTORY_MAX_VERSIONS",
     "HARNESS_LIST_MAX_PER_KIND",
     "HARNESS_REPLY_MAX_BYTES",
+    "HarnessCaller",
+    "HarnessHost",
     "HarnessService",
 ]
 
@@ -209,13 +210,49 @@ def _first_per_group(entries: list[HarnessEntry], limit: int) -> tuple[list[Harn
     return kept, len(kept) < len(entries)
 
 
+# -- what the service needs of the orchestrator -------------------------------------------------
+
+
+class _CallerRecord(Protocol):
+    @property
+    def root_id(self) -> str: ...
+
+
+class HarnessCaller(Protocol):
+    """What the handlers read of the live session a request came from (a ``LiveSession``)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def record(self) -> _CallerRecord: ...
+
+
+class HarnessHost(Protocol):
+    """What the handlers need of the orchestrator: its live sessions by id and its store.
+
+    ``harness_changed``, ``refiner`` and ``session_target`` are optional hooks, looked up when
+    a request needs them: without a refiner (or a ``session_target``) ``refine.*`` is answered
+    ``unknown_request``, without ``harness_changed`` no prompt is rebuilt.
+    """
+
+    @property
+    def sessions(self) -> Mapping[str, HarnessCaller]: ...
+
+    @property
+    def store(self) -> Store: ...
+
+
 # -- the service ---------------------------------------------------------------------------------
 
 
 class HarnessService:
     """The ``harness.*`` and ``refine.*`` handlers over an ``Orchestrator``."""
 
-    def __init__(self, orch: Orchestrator):
+    def __init__(self, orch: HarnessHost):
         self.orch = orch
 
     def handlers(self) -> dict[str, Handler]:
@@ -233,7 +270,7 @@ class HarnessService:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def _live(self, session_id: str) -> LiveSession:
+    def _live(self, session_id: str) -> HarnessCaller:
         live = self.orch.sessions.get(session_id)
         if live is None or live.state == "deleted":
             raise HostRequestError("not_found", f"session {session_id} is not live here")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from orchestrator.agent.context import ContextBuilder
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.control.autonomous import Autonomy
@@ -36,7 +37,6 @@ from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
 from orchestrator.sessions.compaction import running_sandbox
-from orchestrator.sessions.context import ContextBuilder
 from orchestrator.sessions.idle import IdleUnloader
 from orchestrator.sessions.live import Inbound, LiveSession, child_id_for
 from orchestrator.sessions.notices import (

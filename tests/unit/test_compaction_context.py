@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from orchestrator.agent.compaction import CompactionFailed, Compactor, NothingToCompact
+from orchestrator.agent.context import SUMMARY_PREFIX, ContextBuilder
 from orchestrator.errors import ProviderError
 from orchestrator.ids import new_session_id
 from orchestrator.models.client import ModelReply
-from orchestrator.sessions.context import SUMMARY_PREFIX, ContextBuilder
 from orchestrator.settings import CompactionSettings
 from orchestrator.store.context_queries import read_context_path
 from orchestrator.store.db import SessionRecord, Store

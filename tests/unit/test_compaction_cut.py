@@ -13,7 +13,7 @@ from orchestrator.agent.compaction import (
     find_cut,
     serialize_for_summary,
 )
-from orchestrator.sessions.context import ContextBuilder, ContextEntry
+from orchestrator.agent.context import ContextBuilder, ContextEntry
 from orchestrator.store.events import (
     AssistantMessagePayload,
     ToolCall,

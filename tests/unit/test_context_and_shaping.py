@@ -3,10 +3,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from orchestrator.agent.context import PARENT_TASK_PREFIX, ContextBuilder, safe_arguments
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.agent.shaping import NO_OUTPUT, shape_cell_result
 from orchestrator.sandbox.base import CellError, CellResult
-from orchestrator.sessions.context import PARENT_TASK_PREFIX, ContextBuilder, safe_arguments
 from orchestrator.store.events import (
     AssistantMessagePayload,
     ToolCall,

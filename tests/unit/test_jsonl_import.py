@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from orchestrator.agent.context import SUMMARY_PREFIX, ContextBuilder
 from orchestrator.errors import UserError
 from orchestrator.ids import new_session_id
-from orchestrator.sessions.context import SUMMARY_PREFIX, ContextBuilder
 from orchestrator.store import tree
 from orchestrator.store.context_queries import read_context_path
 from orchestrator.store.db import EventRecord, SessionRecord, Store

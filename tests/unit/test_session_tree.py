@@ -9,9 +9,9 @@ from typing import Any
 import duckdb
 import pytest
 
+from orchestrator.agent.context import ContextBuilder
 from orchestrator.errors import StoreError, UserError
 from orchestrator.ids import new_session_id
-from orchestrator.sessions.context import ContextBuilder
 from orchestrator.store import tree
 from orchestrator.store.db import SessionRecord, Store
 from orchestrator.store.events import (

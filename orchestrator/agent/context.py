@@ -1,5 +1,9 @@
 """Context assembly: the events on a session's active path -> chat messages for the model.
 
+The context is the turn loop's own state: the loop appends to it step by step, compaction cuts
+and rebuilds it (``agent/compaction.py``); the orchestrator builds it from the store
+(``load``) when it loads a session.
+
 The path is read leaf -> root by the store and arrives root-first; a compacted session's path
 starts at its newest compaction's kept span (``orchestrator/store/context_queries.py``). The
 compaction contributes its summary as the first message, then the user turn it pinned, then
