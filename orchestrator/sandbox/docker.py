@@ -40,6 +40,8 @@ from typing import Any, Literal
 import httpx
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.instance import instance_id
+from orchestrator.paths import Paths
 from orchestrator.sandbox.base import (
     CellResult,
     ResourceLimits,
@@ -51,6 +53,8 @@ from orchestrator.sandbox.base import (
     WorkspaceMode,
     checked_skill_dirs,
 )
+from orchestrator.sandbox.docker_adopt import reattach_container, remove_recorded, remove_unknown
+from orchestrator.sandbox.docker_info import container_info
 from orchestrator.sandbox.docker_owned import (
     LABEL_DAEMON,
     LABEL_HOST_DIR,
@@ -76,7 +80,10 @@ from orchestrator.sandbox.docker_run import (
     GATEWAY_SOCKET,
     KERNEL_BASE_ENV,
     NATS_SOCKET,
+    RUNTIME_DIR_PREFIX,
     SOCKET_DIR_MODE,
+    SOCKET_SUBDIR,
+    ContainerRequest,
     nats_target,
     run_container,
     session_env,
@@ -152,7 +159,6 @@ DOCKER_API_TIMEOUT_S = 60
 HANG_ALLOWANCE_S = 20.0
 LOG_TAIL_LINES = 5
 POOL_SESSION_ID = "pool"
-RUNTIME_DIR_PREFIX = "prime-agent-dkr-"
 
 
 class DockerSandbox(Sandbox):
@@ -192,7 +198,7 @@ class DockerSandbox(Sandbox):
     async def start(self) -> None:
         """Create the container, wait for its gateway, start the kernel, apply the session."""
         self.runtime_dir = Path(tempfile.mkdtemp(prefix=RUNTIME_DIR_PREFIX))
-        socket_dir = self.runtime_dir / "sock"
+        socket_dir = self.runtime_dir / SOCKET_SUBDIR
         socket_dir.mkdir()
         socket_dir.chmod(SOCKET_DIR_MODE)
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
@@ -207,13 +213,18 @@ class DockerSandbox(Sandbox):
         started = time.monotonic()
         # The docker call runs in a thread that a cancellation would not stop: wait for it
         # anyway, so that a container created meanwhile is known and removed, not leaked.
-        run = asyncio.ensure_future(asyncio.to_thread(run_container, self, socket_dir))
+        request = self._container_request()
+        run = asyncio.ensure_future(
+            asyncio.to_thread(run_container, self.backend.docker, request, socket_dir)
+        )
         try:
             self.container_id = await asyncio.shield(run)
         except asyncio.CancelledError:
             with contextlib.suppress(Exception):
                 self.container_id = await run
             raise
+        if request.snapshots is not None:  # mounted at the fixed path (docs/snapshots.md)
+            self.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
         url = f"{GATEWAY_HOST_URL} (unix:{socket_dir / GATEWAY_SOCKET})"
         await self._record(
             SandboxRef(
@@ -255,6 +266,62 @@ class DockerSandbox(Sandbox):
             self.spec.session_id,
             (booted_at - started) * 1000,
             (now - booted_at) * 1000,
+        )
+
+    def _container_request(self) -> ContainerRequest:
+        """The container ``start`` asks for: this sandbox's spec under its backend's policy."""
+        backend, spec = self.backend, self.spec
+        copy = self.workspace_copy
+        return ContainerRequest(
+            spec=spec,
+            image=backend.image_for(spec),
+            workspace_mode=backend.workspace_for(spec),
+            workspace_source=copy.copy_dir if copy is not None else spec.cwd,
+            limits=backend.limits_for(spec),
+            network=backend.network_for(spec),
+            gpus=backend.gpus,
+            token=self.token,
+            instance=backend.instance,
+            state_dir=backend.state_dir,
+            daemon_socket=backend.daemon_socket,
+            slot=self.slot,
+        )
+
+    async def _adopt(self, ref: SandboxRef) -> None:
+        """Take over ``ref``, the running container of an earlier daemon, for this sandbox's
+        session (docker_adopt.py): ``SandboxError`` when it cannot be."""
+        backend = self.backend
+        found = await reattach_container(
+            backend.docker,
+            ref,
+            instance=backend.instance,
+            nats=lambda: self._nats,
+            start_timeout_s=backend.start_timeout_s,
+            interrupt_grace_s=backend.interrupt_grace_s,
+        )
+        self.container_id = ref.ref
+        self.runtime_dir = found.host_dir
+        self.token = ref.token
+        self.kernel_snapshot_dir = found.kernel_snapshot_dir
+        self._relay = found.relay
+        found.client.on_restart = self._setup
+        self.client = found.client
+        self.ref = SandboxRef(
+            backend=ref.backend,
+            ref=ref.ref,
+            session_id=self.spec.session_id,
+            url=ref.url,
+            kernel_id=ref.kernel_id,
+            token=ref.token,
+            runtime_dir=str(found.host_dir),
+        )
+        if not self.spec.die_with_parent:
+            self._recorded = self.ref  # its row is removed when the sandbox stops
+        log.info(
+            "adopted docker sandbox %s (container %s%s)",
+            self.spec.session_id,
+            ref.ref[:12],
+            ", its running cell was interrupted" if found.interrupted else "",
         )
 
     async def _wait_gateway(self, socket_path: Path) -> float:
@@ -515,8 +582,6 @@ class DockerSandbox(Sandbox):
         return await self.client.kernel_alive()
 
     async def info(self) -> SandboxInfo:
-        from orchestrator.sandbox.docker_info import container_info  # docker_info.py
-
         running = not self._stopped
         return await asyncio.to_thread(
             container_info, self.backend.docker, self.container_id, running=running
@@ -587,9 +652,6 @@ class DockerBackend(SandboxBackend):
         self.network = network
         self.workspace_mode = workspace_mode
         if instance is None:
-            from orchestrator.instance import instance_id
-            from orchestrator.paths import Paths
-
             paths = Paths.from_env()
             instance, state_dir = instance_id(paths), paths.data_dir
         self.instance = instance
@@ -783,21 +845,18 @@ class DockerBackend(SandboxBackend):
     # Adoption by a restarted daemon (R2, R8): orchestrator/sandbox/docker_adopt.py.
 
     async def adopt(self, ref: SandboxRef, spec: SandboxSpec) -> DockerSandbox:
-        from orchestrator.sandbox.docker_adopt import adopt_container
-
-        sandbox = await adopt_container(self, ref, spec)
+        sandbox = DockerSandbox(self, spec)
+        await sandbox._adopt(ref)
         self._owned.add(sandbox)
         return sandbox
 
     async def remove(self, ref: SandboxRef) -> None:
-        from orchestrator.sandbox.docker_adopt import remove_recorded
-
-        await remove_recorded(self, ref)
+        await remove_recorded(self.docker, ref, instance=self.instance)
 
     async def remove_unknown(self, known: set[str]) -> int:
-        from orchestrator.sandbox.docker_adopt import remove_unknown
-
-        return await remove_unknown(self, known)
+        return await remove_unknown(
+            self.docker, known, instance=self.instance, daemon_socket=self.daemon_socket
+        )
 
     async def close(self) -> None:
         self._closed = True

@@ -6,16 +6,19 @@ bind-mounted into the container. What died with the daemon is the host half of t
 (``nats.sock``); the kernel's NATS client keeps retrying (``runtime/host.py``) and reconnects
 once the relay is back.
 
-- ``adopt_container``: the container still runs; reconnect a ``KernelGatewayClient`` to its
-  socket with its token and kernel id (``reattach``: a cell still running is interrupted), and
-  serve the relay again on the same ``nats.sock``.
+- ``reattach_container``: the container still runs; serve the relay again on the same
+  ``nats.sock`` and reconnect a ``KernelGatewayClient`` to its socket with its token and
+  kernel id (``reattach``: a cell still running is interrupted). ``DockerBackend.adopt`` makes
+  a ``DockerSandbox`` of what it returns (``ReattachedContainer``).
 - ``remove_recorded``: force-remove the container and its host directory.
 - ``remove_unknown``: containers that carry this daemon's label (``LABEL_DAEMON``) but are not
   in its table (it died between ``docker run`` and recording them) are removed.
 
-Each acts only on containers of this backend's instance (``LABEL_INSTANCE``: the state
+Each acts only on containers of the caller's instance (``LABEL_INSTANCE``: the state
 directory's id, ``orchestrator/instance.py``): a recorded container that carries another
 instance's label (a copied state directory) is neither adopted nor removed, only forgotten.
+The backend passes what they need (its engine client, instance, daemon socket, timeouts):
+nothing here imports ``docker.py``, which sits on top and calls these.
 """
 
 from __future__ import annotations
@@ -25,51 +28,62 @@ import contextlib
 import logging
 import os
 import shutil
-import socket
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox.base import SandboxRef, SandboxSpec
+from orchestrator.sandbox.base import SandboxRef
+from orchestrator.sandbox.docker_owned import (
+    LABEL_INSTANCE,
+    docker_errors,
+    list_owned,
+    remove_containers,
+)
+from orchestrator.sandbox.docker_run import (
+    GATEWAY_HOST_URL,
+    GATEWAY_SOCKET,
+    NATS_SOCKET,
+    RUNTIME_DIR_PREFIX,
+    SOCKET_SUBDIR,
+)
+from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.reattach import reattach
 from orchestrator.sandbox.relay import serve_unix_to_tcp
 
-if TYPE_CHECKING:
-    from orchestrator.sandbox.docker import DockerBackend, DockerSandbox
-
 __all__ = [
-    "DAEMON_PROBE_TIMEOUT_S",
-    "adopt_container",
-    "daemon_answers",
+    "ReattachedContainer",
+    "reattach_container",
     "remove_recorded",
     "remove_unknown",
 ]
 
 log = logging.getLogger(__name__)
 
-DAEMON_PROBE_TIMEOUT_S: Final = 1.0
-SOCKET_SUBDIR: Final = "sock"  # DockerSandbox.start: <host dir>/sock, mounted in the container
 LEGACY_INSTANCE: Final = "main"  # LABEL_INSTANCE of every container before instance ids
 
 
-def daemon_answers(socket_path: str) -> bool:
-    """A daemon listens on ``socket_path`` (a connect succeeds): it owns its containers."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(DAEMON_PROBE_TIMEOUT_S)
-        try:
-            sock.connect(socket_path)
-        except OSError:
-            return False
-    return True
+@dataclass(frozen=True)
+class ReattachedContainer:
+    """A running container an earlier daemon started, reconnected: its gateway client is
+    attached to the recorded kernel and the host half of its NATS relay serves again."""
+
+    host_dir: Path  # its host directory (our own: checked before anything was touched)
+    client: KernelGatewayClient
+    relay: asyncio.Server
+    # Where its kernel sees its snapshots: the fixed path, or None (a container of an earlier
+    # version mounted the host's path, which the kernel then uses as it is).
+    kernel_snapshot_dir: str | None
+    interrupted: bool  # a cell was still running and was interrupted
 
 
 def _own_host_dir(recorded: str) -> Path | None:
     """``recorded`` when it is one of our socket directories (a direct child of the temp dir
     with our prefix): a path read back from the database or a label is never removed blindly."""
-    from orchestrator.sandbox.docker import RUNTIME_DIR_PREFIX
-
     if not recorded:
         return None
     path = Path(recorded)
@@ -78,22 +92,20 @@ def _own_host_dir(recorded: str) -> Path | None:
     return path if path.name.startswith(RUNTIME_DIR_PREFIX) else None
 
 
-def _ours(backend: DockerBackend, instance: str) -> bool:
-    """A recorded container's instance label is this backend's (or the fixed one of versions
+def _ours(own_instance: str, instance: str) -> bool:
+    """A recorded container's instance label is ``own_instance`` (or the fixed one of versions
     before instance ids: the row in this state directory's table names it)."""
-    return instance in (backend.instance, LEGACY_INSTANCE)
+    return instance in (own_instance, LEGACY_INSTANCE)
 
 
-async def _container_state(backend: DockerBackend, container_id: str) -> tuple[str, set[str], str]:
+async def _container_state(docker: Any, container_id: str) -> tuple[str, set[str], str]:
     """The container's status ("gone" when removed), its mount destinations and its instance
     label."""
-    from orchestrator.sandbox.docker_owned import LABEL_INSTANCE, docker_errors
-
     errors = docker_errors()
 
     def get() -> tuple[str, set[str], str]:
         try:
-            container = backend.docker.containers.get(container_id)
+            container = docker.containers.get(container_id)
         except errors.NotFound:
             return "gone", set(), ""
         mounts = container.attrs.get("Mounts") or []
@@ -106,99 +118,80 @@ async def _container_state(backend: DockerBackend, container_id: str) -> tuple[s
         raise SandboxError(f"docker: inspecting {container_id[:12]}: {exc}") from exc
 
 
-async def adopt_container(
-    backend: DockerBackend, ref: SandboxRef, spec: SandboxSpec
-) -> DockerSandbox:
-    """The sandbox of a running container an earlier daemon started, for ``spec``'s session."""
-    from orchestrator.sandbox.docker import DockerSandbox
-    from orchestrator.sandbox.docker_run import GATEWAY_HOST_URL, GATEWAY_SOCKET, NATS_SOCKET
-    from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
-
+async def reattach_container(
+    docker: Any,
+    ref: SandboxRef,
+    *,
+    instance: str,
+    nats: Callable[[], tuple[str, int] | None],
+    start_timeout_s: float,
+    interrupt_grace_s: float,
+) -> ReattachedContainer:
+    """Reconnect to the running container ``ref`` of ``instance`` that an earlier daemon
+    started; its relay forwards to ``nats()`` (the adopting sandbox's bus). ``SandboxError``
+    when it is not ours, not running, or its kernel does not answer (nothing is left open)."""
     host_dir = _own_host_dir(ref.runtime_dir)
     if host_dir is None:
         raise SandboxError(f"container {ref.ref[:12]}: no socket directory recorded")
-    state, mounted_at, instance = await _container_state(backend, ref.ref)
+    state, mounted_at, labelled = await _container_state(docker, ref.ref)
     if state != "running":
         raise SandboxError(f"container {ref.ref[:12]} is {state}")
-    if not _ours(backend, instance):
+    if not _ours(instance, labelled):
         raise SandboxError(f"container {ref.ref[:12]} belongs to another prime-agent instance")
     socket_dir = host_dir / SOCKET_SUBDIR
-    sandbox = DockerSandbox(backend, spec)
-    # Its snapshots where its kernel sees them: the fixed path (a container of an earlier
-    # version mounted the host's path, which the kernel then uses as it is).
-    if CONTAINER_SNAPSHOT_DIR in mounted_at:
-        sandbox.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
-    sandbox.container_id = ref.ref
-    sandbox.runtime_dir = host_dir
-    sandbox.token = ref.token
     # The relay's host half died with the old daemon: serve nats.sock again (same path, the
     # container's end is bind-mounted) towards this session's bus.
-    sandbox._relay = await serve_unix_to_tcp(socket_dir / NATS_SOCKET, lambda: sandbox._nats)
+    relay = await serve_unix_to_tcp(socket_dir / NATS_SOCKET, nats)
     client = KernelGatewayClient(GATEWAY_HOST_URL, ref.token, uds=str(socket_dir / GATEWAY_SOCKET))
     try:
-        async with asyncio.timeout(backend.start_timeout_s):
+        async with asyncio.timeout(start_timeout_s):
             interrupted = await reattach(
                 client,
                 ref.kernel_id,
-                interrupt_grace_s=backend.interrupt_grace_s,
-                ready_timeout_s=backend.start_timeout_s,
+                interrupt_grace_s=interrupt_grace_s,
+                ready_timeout_s=start_timeout_s,
             )
     except (SandboxError, TimeoutError) as exc:
         with contextlib.suppress(Exception):
             await client.close()
-        sandbox._relay.close()
+        relay.close()
         raise SandboxError(f"container {ref.ref[:12]} could not be adopted: {exc!r}") from exc
-    client.on_restart = sandbox._setup
-    sandbox.client = client
-    sandbox.ref = SandboxRef(
-        backend=ref.backend,
-        ref=ref.ref,
-        session_id=spec.session_id,
-        url=ref.url,
-        kernel_id=ref.kernel_id,
-        token=ref.token,
-        runtime_dir=str(host_dir),
+    snapshots_inside = CONTAINER_SNAPSHOT_DIR in mounted_at
+    return ReattachedContainer(
+        host_dir=host_dir,
+        client=client,
+        relay=relay,
+        kernel_snapshot_dir=CONTAINER_SNAPSHOT_DIR if snapshots_inside else None,
+        interrupted=interrupted,
     )
-    if not spec.die_with_parent:
-        sandbox._recorded = sandbox.ref  # its row is removed when the sandbox stops
-    log.info(
-        "adopted docker sandbox %s (container %s%s)",
-        spec.session_id,
-        ref.ref[:12],
-        ", its running cell was interrupted" if interrupted else "",
-    )
-    return sandbox
 
 
-async def remove_recorded(backend: DockerBackend, ref: SandboxRef) -> None:
+async def remove_recorded(docker: Any, ref: SandboxRef, *, instance: str) -> None:
     """Force-remove a recorded container that is not adopted, and its socket directory; one of
-    another instance is left alone (its own daemon adopts or removes it)."""
-    from orchestrator.sandbox.docker_owned import remove_containers
-
-    state, _mounted_at, instance = await _container_state(backend, ref.ref)
-    if state != "gone" and not _ours(backend, instance):
+    another instance than ``instance`` is left alone (its own daemon adopts or removes it)."""
+    state, _mounted_at, labelled = await _container_state(docker, ref.ref)
+    if state != "gone" and not _ours(instance, labelled):
         log.warning("container %s belongs to another prime-agent instance: kept", ref.ref[:12])
         return
-    await asyncio.to_thread(remove_containers, [ref.ref], backend.docker)
+    await asyncio.to_thread(remove_containers, [ref.ref], docker)
     host_dir = _own_host_dir(ref.runtime_dir)
     if host_dir is not None:
         shutil.rmtree(host_dir, ignore_errors=True)
 
 
-async def remove_unknown(backend: DockerBackend, known: set[str]) -> int:
-    """Containers labelled with this daemon's socket that its table does not know (and this
-    process did not start) are removed with their socket directories."""
-    from orchestrator.sandbox.docker_owned import remove_containers
-
-    if not backend.daemon_socket:
+async def remove_unknown(docker: Any, known: set[str], *, instance: str, daemon_socket: str) -> int:
+    """Containers of ``instance`` labelled with the daemon socket ``daemon_socket`` that its
+    table does not know (``known``; and this process did not start) are removed with their
+    socket directories. No daemon socket: none."""
+    if not daemon_socket:
         return 0
-    owned = await asyncio.to_thread(backend.list_owned)
+    owned = await asyncio.to_thread(partial(list_owned, docker, instance=instance))
     unknown = [
         c
         for c in owned
-        if c.daemon == backend.daemon_socket and c.id not in known and c.host_pid != os.getpid()
+        if c.daemon == daemon_socket and c.id not in known and c.host_pid != os.getpid()
     ]
-    removed = await asyncio.to_thread(remove_containers, [c.id for c in unknown], backend.docker)
+    removed = await asyncio.to_thread(remove_containers, [c.id for c in unknown], docker)
     for container in unknown:
         host_dir = _own_host_dir(container.host_dir)
         if host_dir is not None:

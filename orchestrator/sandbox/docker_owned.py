@@ -5,6 +5,7 @@ below; ``list_owned`` finds them, ``find_orphans`` picks those whose orchestrato
 gone and whose daemon does not answer (R8), ``remove_containers`` / ``remove_orphans`` remove
 them. Used by the backend (``docker.py``, ``docker_adopt.py``), ``prime-agent doctor`` and
 ``prime-agent shutdown`` (through ``orchestrator.sandbox.docker``, which re-exports them).
+Nothing here imports the backend: it sits below every other docker module.
 
 One uid may run several setups, each with its own state directory and daemon (CI next to the
 user's own runs). ``LABEL_INSTANCE`` is the instance id of the state directory that started a
@@ -18,15 +19,18 @@ another id: no daemon can ever adopt it), or on an explicit ``--all-instances``
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.errors import SandboxError, UserError
+from orchestrator.instance import read_instance_id
 from orchestrator.procs import pid_alive
 from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
 
 __all__ = [
+    "DAEMON_PROBE_TIMEOUT_S",
     "LABEL_DAEMON",
     "LABEL_HOST_DIR",
     "LABEL_HOST_PID",
@@ -38,6 +42,7 @@ __all__ = [
     "LABEL_STATE_DIR",
     "OwnedContainer",
     "abandoned",
+    "daemon_answers",
     "docker_errors",
     "docker_usable",
     "find_orphans",
@@ -61,6 +66,8 @@ LABEL_HOST_DIR = "prime-agent.host-dir"  # the host directory of its sockets (re
 # The host directory of its namespace-snapshot pool slot (pooled containers only;
 # orchestrator/sandbox/docker_slots.py): a slot no container names is swept.
 LABEL_SNAPSHOT_SLOT = "prime-agent.snapshot-slot"
+
+DAEMON_PROBE_TIMEOUT_S: Final = 1.0  # daemon_answers: how long a connect may take
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,18 @@ def docker_usable(image: str = SESSION_IMAGE) -> tuple[bool, str]:
     except (UserError, SandboxError) as exc:
         return False, str(exc)
     return True, ""
+
+
+def daemon_answers(socket_path: str) -> bool:
+    """A daemon listens on ``socket_path`` (a connect succeeds): it owns its containers (it
+    adopted them, or will at its next start), so none of them is an orphan."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(DAEMON_PROBE_TIMEOUT_S)
+        try:
+            sock.connect(socket_path)
+        except OSError:
+            return False
+    return True
 
 
 def docker_errors() -> Any:
@@ -147,8 +166,6 @@ def find_orphans(
     """Our containers (of ``instance`` when given) that nobody owns any more: the orchestrator
     that started them is gone and no daemon answers on their ``LABEL_DAEMON`` socket (and,
     when ``live_sessions`` is given, their session is not one of them: adoptable)."""
-    from orchestrator.sandbox.docker_adopt import daemon_answers
-
     orphans = []
     for owned in list_owned(client, instance=instance):
         if pid_alive(owned.host_pid):
@@ -181,8 +198,6 @@ def abandoned(owned: OwnedContainer) -> bool:
     """Its state directory is gone or holds another instance id: no daemon can ever adopt it
     (the rows that name it went with that directory). A container without the label (an older
     version's) is never called abandoned: nothing tells."""
-    from orchestrator.instance import read_instance_id
-
     if not owned.state_dir or not os.path.isabs(owned.state_dir):
         return False
     return read_instance_id(Path(owned.state_dir)) != owned.instance

@@ -1,8 +1,11 @@
 """How a docker sandbox's container is made: command, mounts, labels, limits, confinement.
 
-``run_container`` is ``DockerSandbox.start``'s docker call (run in a thread); the constants are
-the container's side of the contract with the session image (images/session/Dockerfile).
-docs/docker.md ("A container", "Network policy") and docs/snapshots.md explain the choices.
+``run_container`` is ``DockerSandbox.start``'s docker call (run in a thread): the sandbox
+describes the container it wants in a ``ContainerRequest`` (its backend's policy for its spec
+already applied), so nothing here knows the backend (``docker.py`` imports this module, never
+the reverse). The constants are the container's side of the contract with the session image
+(images/session/Dockerfile) and the layout of its host directory. docs/docker.md ("A
+container", "Network policy") and docs/snapshots.md explain the choices.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 
 from orchestrator.errors import SandboxStartError
+from orchestrator.sandbox.base import ResourceLimits, SandboxSpec, WorkspaceMode
 from orchestrator.sandbox.confined import (
     CONTAINER_GATEWAY_RUNTIME,
     CONTAINER_HOME,
@@ -53,9 +58,6 @@ from orchestrator.sandbox.docker_user import SANDBOX_UID, container_user
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
 from orchestrator.sandbox.images import image_exists, image_hint
 
-if TYPE_CHECKING:
-    from orchestrator.sandbox.docker import DockerSandbox
-
 __all__ = [  # the shared layout of confined.py is re-exported
     "CONTAINER_GATEWAY_RUNTIME",
     "CONTAINER_HOME",
@@ -68,9 +70,12 @@ __all__ = [  # the shared layout of confined.py is re-exported
     "KERNEL_BASE_ENV",
     "NATS_SOCKET",
     "OUTPUTS_DIR_MODE",
+    "RUNTIME_DIR_PREFIX",
     "SANDBOX_UID",
     "SNAPSHOT_DIR_MODE",
     "SOCKET_DIR_MODE",
+    "SOCKET_SUBDIR",
+    "ContainerRequest",
     "container_env",
     "nats_target",
     "outputs_dir",
@@ -91,6 +96,39 @@ TMPFS_HOME = "size=256m,mode=1777,uid={uid},gid={gid}"
 
 # The container's side of the sandbox layout (confined.py, shared with the bwrap backend).
 CONTAINER_PYTHON = "/opt/prime-agent/bin/python"
+
+# A sandbox's host directory: ``<temp dir>/<RUNTIME_DIR_PREFIX>XXXX``, removed with its
+# container. Its ``SOCKET_SUBDIR`` (gateway.sock, nats.sock) is mounted at CONTAINER_SOCKET_DIR;
+# its outputs directory (``outputs_dir``) at its own path.
+RUNTIME_DIR_PREFIX: Final = "prime-agent-dkr-"
+SOCKET_SUBDIR: Final = "sock"
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One sandbox's container as ``run_container`` makes it: its session's spec with the
+    backend's policy applied (the spec's own settings win), and who owns it (its labels)."""
+
+    spec: SandboxSpec
+    image: str
+    workspace_mode: WorkspaceMode
+    # What is mounted at ``spec.cwd``: the project itself, or its private copy (copy mode).
+    workspace_source: Path
+    limits: ResourceLimits  # every field set (the backend's defaults fill the spec's gaps)
+    network: bool
+    gpus: str  # docker's --gpus: "" none, "all", or a count
+    token: str  # the gateway's
+    instance: str  # LABEL_INSTANCE
+    state_dir: Path | None  # LABEL_STATE_DIR, when known
+    daemon_socket: str  # LABEL_DAEMON; "" = not a daemon's
+    # A pooled container's snapshot slot (LABEL_SNAPSHOT_SLOT), mounted in place of
+    # ``spec.snapshot_dir`` until the container is assigned (docker_slots.py).
+    slot: Path | None = None
+
+    @property
+    def snapshots(self) -> Path | None:
+        """The host directory mounted at CONTAINER_SNAPSHOT_DIR, if any."""
+        return self.slot or self.spec.snapshot_dir
 
 
 def skill_mount_specs(skill_dirs: tuple[Path, ...]) -> list[Any]:
@@ -118,16 +156,17 @@ def gpu_requests(gpus: str) -> list[Any]:
     return [DeviceRequest(count=count, capabilities=[["gpu"]])]
 
 
-def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
-    """Create and start ``sandbox``'s container (docs/docker.md, "A container"); its id."""
-    backend = sandbox.backend
-    spec = sandbox.spec
+def run_container(docker: Any, request: ContainerRequest, socket_dir: Path) -> str:
+    """Create and start ``request``'s container with the engine client ``docker``
+    (docs/docker.md, "A container"); its id. ``socket_dir`` is the sandbox's socket directory
+    (``<host dir>/SOCKET_SUBDIR``)."""
+    spec = request.spec
     command = gateway_command(CONTAINER_PYTHON, list(session_env(spec)))
     # The workspace appears at the project's own path in every mode (paths in prompts mean
     # the same on both sides); in copy mode that path shows the private copy.
     workspace = str(spec.cwd)
-    mode = backend.workspace_for(spec)
-    source = sandbox.workspace_copy.copy_dir if sandbox.workspace_copy is not None else spec.cwd
+    mode = request.workspace_mode
+    source = request.workspace_source
     outputs = outputs_dir(socket_dir.parent)
     outputs.mkdir(exist_ok=True)
     outputs.chmod(OUTPUTS_DIR_MODE)
@@ -137,51 +176,50 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         str(outputs): {"bind": str(outputs), "mode": "rw"},
     }
     skills = skill_mount_specs(spec.skill_dirs)
-    image = backend.image_for(spec)
+    image = request.image
     # Checked first: containers.run would try to pull a missing image from a registry.
-    if not image_exists(image, backend.docker):
+    if not image_exists(image, docker):
         raise SandboxStartError(f"the sandbox image {image} is missing: {image_hint(image)}")
-    limits = backend.limits_for(spec)
+    limits = request.limits
     assert limits.memory_bytes is not None and limits.cpus is not None
     assert limits.pids is not None
     # Namespace snapshots: the session's directory (or a pooled container's slot) at one
-    # fixed path inside; the kernel is told that path (docs/snapshots.md).
-    snapshots = sandbox.slot or spec.snapshot_dir
+    # fixed path inside; the sandbox tells its kernel that path (docs/snapshots.md).
+    snapshots = request.snapshots
     if snapshots is not None:
         snapshots.chmod(SNAPSHOT_DIR_MODE)
         mounts[str(snapshots)] = {"bind": CONTAINER_SNAPSHOT_DIR, "mode": "rw"}
-        sandbox.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
     labels = {
         LABEL_OWNER: str(os.getuid()),
         LABEL_SESSION: spec.session_id,
         LABEL_ROOT: spec.labels.get("root", spec.session_id),
-        LABEL_INSTANCE: backend.instance,
+        LABEL_INSTANCE: request.instance,
         LABEL_HOST_PID: str(os.getpid()),
         LABEL_HOST_DIR: str(socket_dir.parent),
-        **({LABEL_STATE_DIR: str(backend.state_dir)} if backend.state_dir else {}),
-        **({LABEL_DAEMON: backend.daemon_socket} if backend.daemon_socket else {}),
-        **({LABEL_SNAPSHOT_SLOT: str(sandbox.slot)} if sandbox.slot is not None else {}),
+        **({LABEL_STATE_DIR: str(request.state_dir)} if request.state_dir else {}),
+        **({LABEL_DAEMON: request.daemon_socket} if request.daemon_socket else {}),
+        **({LABEL_SNAPSHOT_SLOT: str(request.slot)} if request.slot is not None else {}),
     }
     name = f"{CONTAINER_NAME_PREFIX}{spec.session_id[:40]}-{secrets.token_hex(3)}"
     uid, gid = container_user(source)  # docker_user.py
     errors = docker_errors()
     try:
-        container = backend.docker.containers.run(
+        container = docker.containers.run(
             image,
             command,
             name=name,
             detach=True,
             labels=labels,
             # From scratch: nothing of the orchestrator's environment (R16).
-            environment={TOKEN_ENV: sandbox.token, "LANG": "C.UTF-8", "HOME": CONTAINER_HOME},
+            environment={TOKEN_ENV: request.token, "LANG": "C.UTF-8", "HOME": CONTAINER_HOME},
             user=f"{uid}:{gid}",
             working_dir=workspace,
-            network_mode="bridge" if backend.network_for(spec) else "none",
+            network_mode="bridge" if request.network else "none",
             mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_bytes,  # no swap: an OOM is an OOM
             nano_cpus=int(limits.cpus * NANO_CPUS_PER_CPU),
             pids_limit=limits.pids,
-            device_requests=gpu_requests(backend.gpus),
+            device_requests=gpu_requests(request.gpus),
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             read_only=True,
@@ -199,6 +237,6 @@ def run_container(sandbox: DockerSandbox, socket_dir: Path) -> str:
         # `run` creates before it starts: a start that fails (a missing GPU runtime, a bad
         # mount) leaves a created container behind unless it is removed here.
         with contextlib.suppress(errors.DockerException):
-            backend.docker.containers.get(name).remove(force=True)
+            docker.containers.get(name).remove(force=True)
         raise SandboxStartError(str(translate_error(exc, "starting a container"))) from exc
     return str(container.id)
