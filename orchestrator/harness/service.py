@@ -42,7 +42,12 @@ from orchestrator.api.protocol import REFINE_INSTRUCTIONS_MAX_CHARS
 from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import HarnessError
-from orchestrator.harness.entries import (
+from orchestrator.harness.proposals import propose
+from orchestrator.sessions.live import LiveSession
+from orchestrator.sessions.manager import Orchestrator
+from orchestrator.store import harness as harness_store
+from orchestrator.store import refinements as refinement_store
+from orchestrator.store.harness_entry import (
     GLOBAL_OWNER,
     SCOPES,
     Action,
@@ -53,11 +58,6 @@ from orchestrator.harness.entries import (
     check_entry_id,
     slugify,
 )
-from orchestrator.harness.proposals import propose
-from orchestrator.sessions.live import LiveSession
-from orchestrator.sessions.manager import Orchestrator
-from orchestrator.store import harness as harness_store
-from orchestrator.store import refinements as refinement_store
 
 __all__ = [
     "HARNESS_HISTORY_MAX_VERSIONS",

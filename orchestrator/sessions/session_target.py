@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.harness.entries import GLOBAL_OWNER
 from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.sessions.live import LiveSession
+from orchestrator.store.harness_entry import GLOBAL_OWNER
 
 if TYPE_CHECKING:
     from orchestrator.sessions.manager import Orchestrator
