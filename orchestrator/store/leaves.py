@@ -1,4 +1,4 @@
-"""A session's leaf pointer and the rule for a missing one (docs/tree.md, "leaf rebuild").
+"""A session's leaf pointer and the rule for a missing one (docs/tree.md).
 
 ``sessions.leaf_event_id`` names the end of the session's active path. A session with events
 but no leaf (a damaged or hand-edited row) gets its newest event (highest ``seq``) as its leaf:
