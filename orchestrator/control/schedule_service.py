@@ -2,7 +2,7 @@
 behind ``/heartbeat`` and ``prime-agent schedule add|list|cancel`` (docs/spec.md §3, §7; issue 8).
 
 Three kinds of schedule share one table (``orchestrator/store/schedules.py``) and one grammar
-(``orchestrator/control/timespec.py``); they differ in who may make and see them:
+(``orchestrator/store/timespec.py``); they differ in who may make and see them:
 
 - ``rlm_heartbeat``: the agent's own, from ``await rlm_heartbeat.create(...)`` in its kernel.
   Several per session (at most ``MAX_LIVE_HEARTBEATS``), each with an optional label, unique
@@ -33,13 +33,6 @@ from pydantic import Field
 
 from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
-from orchestrator.control.timespec import (
-    HEARTBEAT_COMMAND,
-    HEARTBEAT_USAGE,
-    ScheduleSpec,
-    parse_heartbeat_command,
-    parse_schedule,
-)
 from orchestrator.errors import ScheduleSpecError
 from orchestrator.store import schedules as schedule_store
 from orchestrator.store.db import Store
@@ -51,6 +44,13 @@ from orchestrator.store.schedules import (
     ScheduleNotFound,
     ScheduleRow,
     ScheduleSource,
+)
+from orchestrator.store.timespec import (
+    HEARTBEAT_COMMAND,
+    HEARTBEAT_USAGE,
+    ScheduleSpec,
+    parse_heartbeat_command,
+    parse_schedule,
 )
 
 __all__ = [

@@ -31,7 +31,6 @@ from orchestrator.api.protocol import (
 from orchestrator.control import schedule_service
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.control.goals import start_text
-from orchestrator.control.timespec import HEARTBEAT_COMMAND
 from orchestrator.errors import UserError
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES
@@ -40,6 +39,7 @@ from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
 from orchestrator.store.goals import GoalRow
 from orchestrator.store.queries import utcnow
+from orchestrator.store.timespec import HEARTBEAT_COMMAND
 
 if TYPE_CHECKING:
     from orchestrator.daemon.handler import DaemonControl

@@ -37,7 +37,6 @@ from orchestrator.api.protocol import (
     SetModel,
 )
 from orchestrator.errors import HarnessError, UserError
-from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.harness.outcome import outcome_line
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
 from orchestrator.models.lite import ensure_litellm
@@ -48,6 +47,7 @@ from orchestrator.store import harness as harness_store
 from orchestrator.store import proposals as proposal_store
 from orchestrator.store import refinements as refinement_store
 from orchestrator.store.db import SessionRecord
+from orchestrator.store.harness_entry import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.store.refinements import RefinementRow
 
 if TYPE_CHECKING:

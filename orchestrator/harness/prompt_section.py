@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from orchestrator.harness.entries import KINDS, HarnessEntry
+from orchestrator.store.harness_entry import KINDS, HarnessEntry
 
 __all__ = ["ENTRIES_PER_KIND", "ENTRY_MAX_CHARS", "KIND_HEADINGS", "harness_section"]
 

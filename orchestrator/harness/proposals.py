@@ -28,14 +28,14 @@ from typing import Any, Final
 import duckdb
 
 from orchestrator.errors import HarnessInvalid, HarnessNotFound, HarnessQuota
-from orchestrator.harness.entries import (
+from orchestrator.store.harness import plan_write, select_entry, write_entry
+from orchestrator.store.harness_entry import (
     Action,
     EntryWrite,
     HarnessEntry,
     Source,
     check_reason,
 )
-from orchestrator.store.harness import plan_write, select_entry, write_entry
 from orchestrator.store.proposals import (
     ProposalRow,
     count_pending,

@@ -54,17 +54,6 @@ from orchestrator.errors import (
     PrimeAgentError,
     StoreError,
 )
-from orchestrator.harness.entries import (
-    GLOBAL_OWNER,
-    EntryWrite,
-    HarnessEntry,
-    Scope,
-    Source,
-    check_action,
-    check_entry_id,
-    check_kind,
-    check_scope,
-)
 from orchestrator.harness.outcome import (
     OUTCOME_TURNS,
     due_refinement_ids,
@@ -95,6 +84,17 @@ from orchestrator.store.harness import (
     select_entry,
     select_versions,
     write_entry,
+)
+from orchestrator.store.harness_entry import (
+    GLOBAL_OWNER,
+    EntryWrite,
+    HarnessEntry,
+    Scope,
+    Source,
+    check_action,
+    check_entry_id,
+    check_kind,
+    check_scope,
 )
 from orchestrator.store.queries import EventRecord, event_from_row, utcnow
 from orchestrator.store.refinements import (

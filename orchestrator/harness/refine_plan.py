@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from orchestrator.errors import HarnessInvalid, PrimeAgentError
-from orchestrator.harness.entries import (
+from orchestrator.store.harness_entry import (
     GLOBAL_OWNER,
     KINDS,
     REASON_MAX_CHARS,

@@ -42,7 +42,11 @@ from orchestrator.api.protocol import REFINE_INSTRUCTIONS_MAX_CHARS
 from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import HarnessError
-from orchestrator.harness.entries import (
+from orchestrator.harness.proposals import propose
+from orchestrator.store import harness as harness_store
+from orchestrator.store import refinements as refinement_store
+from orchestrator.store.db import Store
+from orchestrator.store.harness_entry import (
     GLOBAL_OWNER,
     SCOPES,
     Action,
@@ -53,10 +57,6 @@ from orchestrator.harness.entries import (
     check_entry_id,
     slugify,
 )
-from orchestrator.harness.proposals import propose
-from orchestrator.store import harness as harness_store
-from orchestrator.store import refinements as refinement_store
-from orchestrator.store.db import Store
 
 __all__ = [
     "HARNESS_HISTORY_MAX_VERSIONS",

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.call_records import ToolCall, UsagePayload
 from orchestrator.errors import (
     MissingCredentials,
     ModelError,
@@ -26,7 +27,6 @@ from orchestrator.models.cost import call_cost
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.settings import Settings
-from orchestrator.store.events import ToolCall, UsagePayload
 
 __all__ = ["ContextOverflow", "ModelClient", "ModelReply", "RetryInfo"]
 

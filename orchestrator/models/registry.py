@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from orchestrator.errors import MissingCredentials, ModelNotFound, UserError
+from orchestrator.session_specs import StoredModel, StoredPrices
 from orchestrator.settings import (
     EMBEDDED_MODEL_NAME,
     MAX_OUTPUT_TOKENS,
     ModelConfig,
     Settings,
 )
-from orchestrator.store.session_specs import StoredModel, StoredPrices
 
 __all__ = [
     "DUMMY_API_KEY",

@@ -3,7 +3,7 @@
 An entry (a prompt note, a memory, a skill or a subagent spec) is checked twice with these same
 rules: in the kernel when ``rlm.harness`` is called (``runtime/harness.py``), so a bad argument
 fails before any request is sent, and on the host before anything is written
-(``harness/entries.py`` -> ``store/harness.py``), because the host trusts no kernel (R20). Both
+(``store/harness_entry.py`` -> ``store/harness.py``), because the host trusts no kernel (R20). Both
 sides import this module; it lives under ``orchestrator/runtime`` because the kernel may import
 nothing from the host side.
 

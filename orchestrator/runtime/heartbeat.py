@@ -64,7 +64,7 @@ __all__ = [
     "rlm_heartbeat",
 ]
 
-# Mirrors of orchestrator/control/schedule_service.py and timespec.py (pinned by a unit test).
+# Mirrors of orchestrator/control/schedule_service.py and store/timespec.py (pinned by a test).
 DEFAULT_INTERVAL: Final = "5m"
 DEFAULT_DELIVERY: Final = "steer"
 DELIVERIES: Final = ("steer", "follow_up")

@@ -25,7 +25,6 @@ from typing import Any, Final
 import duckdb
 
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
-from orchestrator.harness.entries import GLOBAL_OWNER, HarnessEntry
 from orchestrator.harness.prompt_section import ENTRIES_PER_KIND, harness_section
 from orchestrator.harness.skills import SkillDiscovery, discover_skills, skills_prompt_section
 from orchestrator.paths import Paths
@@ -33,6 +32,7 @@ from orchestrator.sessions.live import LiveSession
 from orchestrator.settings import Settings
 from orchestrator.store import harness as harness_store
 from orchestrator.store.db import Store
+from orchestrator.store.harness_entry import GLOBAL_OWNER, HarnessEntry
 
 __all__ = ["SECTION_SEPARATOR", "PromptBuilder"]
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
+from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import Settings
-from orchestrator.store.session_specs import StoredSandboxPolicy
 
 __all__ = ["apply_policy", "policy_for"]
 

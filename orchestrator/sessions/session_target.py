@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.harness.entries import GLOBAL_OWNER
 from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.sessions.live import LiveSession
+from orchestrator.store.harness_entry import GLOBAL_OWNER
 
 __all__ = ["SessionHost", "SessionTarget", "descendants"]
 

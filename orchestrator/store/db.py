@@ -40,8 +40,9 @@ from pydantic import BaseModel
 from orchestrator.errors import PrimeAgentError, StoreError
 from orchestrator.ids import new_event_id, validate_session_id
 from orchestrator.paths import ensure_private_dir
-from orchestrator.store import queries, sandboxes, tree
+from orchestrator.store import queries, sandboxes
 from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
+from orchestrator.store.leaves import repair_leaves
 from orchestrator.store.migrate import check_readable, migrate
 from orchestrator.store.opening import (
     claim_path as _claim_path,
@@ -616,7 +617,7 @@ class Store:
             else:
                 migrate(con, self._path)
                 # A session with events but no leaf (docs/tree.md).
-                tree.repair_leaves(con)
+                repair_leaves(con)
                 os.chmod(self._path, DATABASE_FILE_MODE)
         except BaseException:
             con.close()

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import duckdb
 from pydantic import BaseModel
@@ -34,13 +34,13 @@ from orchestrator.ids import new_event_id
 from orchestrator.store.queries import from_db_ts, to_db_ts
 
 if TYPE_CHECKING:
-    from orchestrator.control.eval_config import EvalConfig
     from orchestrator.store.db import Store
 
 __all__ = [
     "EVAL_RESULT_FILE_MODE",
     "EVAL_RESULT_ID_PREFIX",
     "EvalResultRow",
+    "RunConfig",
     "TreeUsage",
     "build_result",
     "insert_eval_result",
@@ -57,6 +57,14 @@ EVAL_RESULT_FILE_MODE: Final = 0o600  # results name commands and paths; keep th
 
 _JSON_FIELDS = frozenset({"config", "gates"})
 _TIME_FIELDS = frozenset({"started_at", "finished_at"})
+
+
+class RunConfig(Protocol):
+    """What a result needs of the config the run was asked with (``EvalConfig`` of
+    ``control/eval_config.py`` is one): the record it stores, the normalised config and its
+    fingerprint as JSON types. The store reads nothing else of it."""
+
+    def record(self) -> dict[str, Any]: ...
 
 
 def new_eval_result_id() -> str:
@@ -224,7 +232,7 @@ def _gate_dict(gate: Mapping[str, Any] | BaseModel) -> dict[str, Any]:
 async def build_result(
     store: Store,
     *,
-    config: EvalConfig,
+    config: RunConfig,
     config_path: Path | str | None,
     root_session_id: str,
     stop_reason: str,

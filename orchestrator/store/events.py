@@ -3,6 +3,9 @@
 ``events`` is append-only. Each row is ``(session_id, seq, id, parent_event_id, type, ts,
 payload)``; the payload is one of the pydantic models below, dumped as JSON. The session's leaf
 pointer names the newest event on its active path; a new event's parent is the leaf.
+
+A model call's ``ToolCall`` and ``UsagePayload`` are defined in ``orchestrator/call_records.py``
+(the models package builds them) and listed here with the other payloads.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.call_records import ToolCall, UsagePayload
 
 __all__ = [
     "EVENT_PAYLOADS",
@@ -76,25 +81,6 @@ class UserMessagePayload(_Payload):
     # The mailbox ids of the other deliveries merged into this message (besides
     # ``message_id``): each counts as recorded with it, so none is redelivered after a crash.
     merged_message_ids: list[str] | None = None
-
-
-class ToolCall(_Payload):
-    id: str
-    name: str
-    arguments: str  # raw JSON text as the model produced it (may be malformed)
-
-
-class UsagePayload(_Payload):
-    provider: str
-    model: str
-    input: int = 0
-    output: int = 0
-    cache_read: int = 0
-    cache_write: int = 0
-    cost_usd: float | None = None  # None = price unknown (never recorded as 0)
-    latency_ms: float = 0.0
-    # What the call was for when it was not the agent's own step: "compaction", "refine".
-    purpose: str | None = None
 
 
 class AssistantMessagePayload(_Payload):
@@ -252,7 +238,7 @@ class ModelChangePayload(_Payload):
     previous_api_base: str | None = None
 
 
-EVENT_PAYLOADS: dict[str, type[_Payload]] = {
+EVENT_PAYLOADS: dict[str, type[BaseModel]] = {
     "user_message": UserMessagePayload,
     "assistant_message": AssistantMessagePayload,
     "tool_result": ToolResultPayload,

@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 
 from orchestrator.errors import HarnessConflict, HarnessInvalid, HarnessNotFound
-from orchestrator.harness.entries import (
+from orchestrator.store.harness_entry import (
     GLOBAL_OWNER,
     KINDS,
     Action,

@@ -15,8 +15,8 @@ from typing import Any, Literal, cast, get_args
 import duckdb
 
 from orchestrator.errors import StoreError, UserError
+from orchestrator.session_specs import StoredModel, StoredSandboxPolicy
 from orchestrator.store.events import EventType
-from orchestrator.store.session_specs import StoredModel, StoredSandboxPolicy
 
 __all__ = [
     "ACTIVE_PATH_MAX_DEPTH",
@@ -98,8 +98,8 @@ class SessionRecord:
     forked_from: str | None = None  # fork/clone: the session copied (docs/tree.md)
     forked_at: str | None = None  # ... and its event the copy goes up to
     refine_enabled: bool = True  # /refine allowed (docs/harness.md); children inherit it
-    # Migration 0007: the session's model endpoint and sandbox policy (session_specs.py);
-    # None for rows written before it.
+    # Migration 0007: the session's model endpoint and sandbox policy
+    # (orchestrator/session_specs.py); None for rows written before it.
     model_spec: StoredModel | None = None
     sandbox_policy: StoredSandboxPolicy | None = None
     # Not a column: why a stored spec could not be read (a damaged row). Such a session is

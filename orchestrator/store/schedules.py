@@ -1,6 +1,6 @@
 """The ``schedules`` and ``dispatches`` tables: heartbeats and schedules (docs/spec.md §7, issue 8).
 
-A schedule is a prompt put into a session when its spec (``orchestrator/control/timespec.py``)
+A schedule is a prompt put into a session when its spec (``orchestrator/store/timespec.py``)
 fires. ``source`` says who made it: ``user`` (``prime-agent schedule add``), ``heartbeat``
 (``/heartbeat``, one per session) or ``rlm_heartbeat`` (the kernel's ``rlm_heartbeat``, several
 per session). ``status`` moves active ⇄ paused → completed | cancelled.
@@ -33,7 +33,10 @@ from typing import Any, Final, Literal, get_args
 
 import duckdb
 
-from orchestrator.control.timespec import (
+from orchestrator.errors import ScheduleSpecError, UserError
+from orchestrator.ids import new_event_id
+from orchestrator.store.queries import from_db_ts, to_db_ts, utcnow
+from orchestrator.store.timespec import (
     Every,
     Once,
     ScheduleSpec,
@@ -41,9 +44,6 @@ from orchestrator.control.timespec import (
     next_fire_after_claim,
     parse_schedule,
 )
-from orchestrator.errors import ScheduleSpecError, UserError
-from orchestrator.ids import new_event_id
-from orchestrator.store.queries import from_db_ts, to_db_ts, utcnow
 
 __all__ = [
     "DELIVERIES",

@@ -18,7 +18,8 @@ unchanged. Usage rows are not copied: the copied history was paid for by the sou
 totals count each model call once.
 
 A session with events but no leaf (a damaged or hand-edited row) gets its newest event as its
-leaf: ``repair_leaves`` runs at every writable open, and readers use ``effective_leaf``.
+leaf: ``leaves.repair_leaves`` runs at every writable open, and the readers here use
+``leaves.effective_leaf``.
 
 The ``*_sql`` functions take the DuckDB connection and run on the store's writer thread (through
 ``Store.read`` / ``Store.transaction``); callers use the coroutines.
@@ -28,18 +29,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import duckdb
 
 from orchestrator.errors import UserError
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.store import queries
+from orchestrator.store.db import Store
 from orchestrator.store.events import BranchSummaryPayload
+from orchestrator.store.leaves import effective_leaf
 from orchestrator.store.queries import ACTIVE_PATH_MAX_DEPTH, SessionRecord
-
-if TYPE_CHECKING:
-    from orchestrator.store.db import Store
 
 __all__ = [
     "BRANCH_SUMMARY_MAX_CHARS",
@@ -53,13 +53,10 @@ __all__ = [
     "branch",
     "clone",
     "copy_path_sql",
-    "effective_leaf",
     "find_session_sql",
     "fork",
-    "newest_event_id",
     "path_ids_sql",
     "render_tree",
-    "repair_leaves",
     "resolve_event_sql",
     "tree_page",
     "unique_name_sql",
@@ -80,42 +77,6 @@ _FIRST_DUPLICATE: Final = 2
 # An event reference of more digits than this cannot be a seq (BIGINT); it is taken as an id.
 _MAX_SEQ_DIGITS: Final = 18
 _ELLIPSIS: Final = "…"
-
-
-# -- leaves ----------------------------------------------------------------------------------
-
-
-def newest_event_id(con: duckdb.DuckDBPyConnection, session_id: str) -> str | None:
-    row = con.execute(
-        "SELECT id FROM events WHERE session_id = $1 ORDER BY seq DESC LIMIT 1", [session_id]
-    ).fetchone()
-    return str(row[0]) if row is not None else None
-
-
-def effective_leaf(con: duckdb.DuckDBPyConnection, session: SessionRecord) -> str | None:
-    """The stored leaf, or the newest event when the pointer is missing."""
-    return session.leaf_event_id or newest_event_id(con, session.id)
-
-
-def repair_leaves(con: duckdb.DuckDBPyConnection) -> int:
-    """Point every session that has events but no leaf at its newest event; return how many.
-
-    Runs at each writable open (``Store``). Only sessions whose pointer is NULL are looked at
-    (a cheap scan of ``sessions``), each with one indexed query, so an open does not read the
-    events table.
-    """
-    missing = con.execute("SELECT id FROM sessions WHERE leaf_event_id IS NULL").fetchall()
-    repaired = 0
-    for (session_id,) in missing:
-        newest = newest_event_id(con, session_id)
-        if newest is None:
-            continue
-        con.execute(
-            "UPDATE sessions SET leaf_event_id = $2 WHERE id = $1 AND leaf_event_id IS NULL",
-            [session_id, newest],
-        )
-        repaired += 1
-    return repaired
 
 
 # -- lookups ---------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Final
 
-from orchestrator.harness.entries import GLOBAL_OWNER, HarnessEntry
 from orchestrator.store import harness as harness_store
+from orchestrator.store.harness_entry import GLOBAL_OWNER, HarnessEntry
 from orchestrator.store.refinements import select_refinements
 from orchestrator.testing import FakeModelServer
 from tests.integration.test_harness_kernel import fake_model, orchestrator, turn

@@ -19,7 +19,6 @@ import pytest
 from pydantic import BaseModel
 
 from orchestrator.errors import HarnessNotFound
-from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, HarnessEntry
 from orchestrator.harness.outcome import outcome_line
 from orchestrator.harness.proposals import accept_proposal
 from orchestrator.harness.refine import INTERRUPTED, USER_TRIGGER, Refiner
@@ -38,6 +37,7 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 from orchestrator.store.harness import select_entry, select_log, select_versions, write_entry
+from orchestrator.store.harness_entry import GLOBAL_OWNER, EntryWrite, HarnessEntry
 from orchestrator.store.proposals import select_proposals
 from orchestrator.store.queries import SessionRecord
 from orchestrator.store.refinements import RefinementRow, select_refinement

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import HarnessConflict, HarnessInvalid, HarnessNotFound
-from orchestrator.harness.entries import (
+from orchestrator.store import harness as hs
+from orchestrator.store import refinements as rs
+from orchestrator.store.db import Store
+from orchestrator.store.harness_entry import (
     BASE_PROMPT_ID,
     CONTENT_MAX_CHARS,
     ENTRY_ID_MAX_CHARS,
@@ -26,9 +29,6 @@ from orchestrator.harness.entries import (
     check_skill_contract,
     slugify,
 )
-from orchestrator.store import harness as hs
-from orchestrator.store import refinements as rs
-from orchestrator.store.db import Store
 
 ROOT_A = "s-aaaaaaaaaaaa"
 ROOT_B = "s-bbbbbbbbbbbb"
@@ -108,7 +108,7 @@ async def set_updated_at(store: Store, kind: str, entry_id: str, when: datetime)
     )
 
 
-# -- entries.py ----------------------------------------------------------------------------------
+# -- harness_entry.py ------------------------------------------------------------------------------
 
 
 def test_slugify_and_ids() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
-from orchestrator.harness.entries import GLOBAL_OWNER, EntryWrite, Kind, slugify
 from orchestrator.harness.prompt_section import ENTRIES_PER_KIND, ENTRY_MAX_CHARS, HEADER
 from orchestrator.models.registry import resolve_model
 from orchestrator.paths import Paths
@@ -20,6 +19,7 @@ from orchestrator.sessions.prompting import PromptBuilder
 from orchestrator.settings import Settings
 from orchestrator.store import harness as hs
 from orchestrator.store.db import SessionRecord, Store
+from orchestrator.store.harness_entry import GLOBAL_OWNER, EntryWrite, Kind, slugify
 
 ROOT = "s-aaaaaaaaaaaa"
 OTHER = "s-bbbbbbbbbbbb"

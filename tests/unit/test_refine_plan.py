@@ -11,7 +11,6 @@ from typing import Any, Final
 
 import pytest
 
-from orchestrator.harness.entries import HarnessEntry
 from orchestrator.harness.refine_plan import (
     CONVERSATION_MAX_CHARS,
     ENTRY_PREVIEW_CHARS,
@@ -24,6 +23,7 @@ from orchestrator.harness.refine_plan import (
     parse_plan,
     serialize_conversation,
 )
+from orchestrator.store.harness_entry import HarnessEntry
 from orchestrator.store.queries import EventRecord
 
 NOW: Final = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

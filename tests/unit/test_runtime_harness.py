@@ -20,7 +20,6 @@ import pytest_asyncio
 
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import HarnessConflict, HarnessInvalid, HarnessNotFound
-from orchestrator.harness import entries as host_entries
 from orchestrator.harness import proposals as proposals_module
 from orchestrator.harness import service as service_module
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
@@ -38,6 +37,7 @@ from orchestrator.runtime.harness import Harness, HarnessEntries, HarnessEntry, 
 from orchestrator.runtime.refine import Refine, Refinement, RefineRequest
 from orchestrator.runtime.rlm import Rlm
 from orchestrator.store import harness as harness_store
+from orchestrator.store import harness_entry as host_entries
 from orchestrator.store.db import Store
 from orchestrator.store.proposals import select_proposals
 from orchestrator.store.refinements import (

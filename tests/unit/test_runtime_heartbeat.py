@@ -34,7 +34,6 @@ from orchestrator.control.schedule_service import (
     list_schedules,
     pause_schedule,
 )
-from orchestrator.control.timespec import MINIMUM_INTERVAL_S
 from orchestrator.errors import ScheduleSpecError
 from orchestrator.runtime import heartbeat as kernel
 from orchestrator.runtime.errors import (
@@ -48,6 +47,7 @@ from orchestrator.runtime.heartbeat import RlmHeartbeat, rlm_heartbeat
 from orchestrator.runtime.wire import REQUEST_TYPES
 from orchestrator.store import schedules as ss
 from orchestrator.store.db import Store
+from orchestrator.store.timespec import MINIMUM_INTERVAL_S
 from tests.unit.test_runtime_api import RecordingClient
 
 T0 = dt.datetime(2026, 5, 9, 12, 0, tzinfo=dt.UTC)

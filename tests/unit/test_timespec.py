@@ -13,9 +13,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.control import cron, timespec
-from orchestrator.control.cron import CronSpec, cron_weekday, parse_cron
-from orchestrator.control.timespec import (
+from orchestrator.errors import ScheduleSpecError, UserError
+from orchestrator.store import cron, timespec
+from orchestrator.store.cron import CronSpec, cron_weekday, parse_cron
+from orchestrator.store.timespec import (
     MAX_DURATION_S,
     MINIMUM_INTERVAL_S,
     Every,
@@ -27,7 +28,6 @@ from orchestrator.control.timespec import (
     parse_heartbeat_command,
     parse_schedule,
 )
-from orchestrator.errors import ScheduleSpecError, UserError
 
 UTC = dt.UTC
 NOW = dt.datetime(2026, 5, 9, 12, 0, tzinfo=UTC)

@@ -6,6 +6,10 @@ environment of the process that happens to load it (docs/models.md, "A session k
 endpoint"). Both are JSON columns of ``sessions`` validated by these models at the store's
 boundary. The model spec holds the *name* of the variable that holds the key, never a key.
 
+The store validates the columns with these models and ``models/registry.py`` turns a resolved
+model into a ``StoredModel`` and back; both import them from here, one of the basics, because
+``store`` and ``models`` are packages of one layer and neither imports the other.
+
 Rows written before 0007 have neither (``None``); ``Orchestrator._load`` resolves such a
 session as before (its selector with the loading process's config and environment) once, and
 stores the result, so it does not drift again.

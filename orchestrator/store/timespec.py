@@ -10,7 +10,7 @@ this grammar, so a person learns it once and both agree on what a spec means:
 - ``at <ISO-8601 time>``: once, at that time (``Once``). A time with an offset or ``Z`` means
   exactly that; a time without one is local time (``local_tz``, else the system's zone) the way
   a person reading a clock means it. A time that is not in the future is refused.
-- ``cron <five fields>`` or just the five fields: Vixie cron (``orchestrator.control.cron``).
+- ``cron <five fields>`` or just the five fields: Vixie cron (``orchestrator.store.cron``).
 
 A duration is whole numbers with units ``d``, ``h``, ``m``, ``s`` in that order, each at most once,
 without spaces: ``30s``, ``10m``, ``1h30m``, ``1d12h``; from 1 second up to ``MAX_DURATION_S``.
@@ -18,6 +18,10 @@ without spaces: ``30s``, ``10m``, ``1h30m``, ``1d12h``; from 1 second up to ``MA
 Specs are values: ``Once.at`` and ``Every.start`` are anchored at the ``now`` given to the
 parser, and ``spec.text`` is a canonical spelling with ``parse_schedule(spec.text, now=now) ==
 spec``; a store keeps the text and the creation time, never a pickled object.
+
+The grammar lives in the store's package because the store reads it: ``store/schedules.py``
+parses a stored spec and finds its next fire inside the transaction that claims a tick. The
+control layer (``control/schedule_service.py``) and the daemon import it from here.
 
 ``next_fire(spec, after)`` is the first fire strictly after ``after``, where ``after`` is the
 tick last claimed (or the creation time before the first). A one-shot therefore answers None once
@@ -34,14 +38,14 @@ import re
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from orchestrator.control.cron import (
+from orchestrator.errors import ScheduleSpecError
+from orchestrator.store.cron import (
     CRON_FIELD_COUNT,
     CronSpec,
     next_cron_fire,
     parse_cron,
     shown_spec,
 )
-from orchestrator.errors import ScheduleSpecError
 
 __all__ = [
     "DURATION_MAX_CHARS",

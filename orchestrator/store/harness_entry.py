@@ -4,7 +4,8 @@ An entry is one piece of supplemental harness state the agent can read and edit:
 note, a memory, a skill or a subagent spec. Everything that writes one (the kernel's host
 requests, ``/refine``, the CLI) goes through ``orchestrator.store.harness.write_entry``, which
 checks the write with the helpers here *before* touching the database, so a refused edit leaves
-nothing behind (R20, docs/reliability.md).
+nothing behind (R20, docs/reliability.md). The record is what the store keeps, so it lives in
+the store's package; the harness package above builds on it and imports it from here.
 
 The rules themselves (kinds, scopes, ids, limits, the skill contract) are written once in
 ``orchestrator/runtime/entry_rules.py``, which the kernel checks its arguments with too; each
