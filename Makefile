@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_TASK ?= Compute the sum of the squares of the integers from 1 to 100 with Python, then answer with the number.
 
-.PHONY: install bubblewrap demo test test-all test-stress check lint typecheck bench clean base-offline images images-rust images-cuda
+.PHONY: install bubblewrap demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda
 
 install: $(STAMP) bubblewrap
 
@@ -62,7 +62,7 @@ images-cuda: install
 test-stress: install
 	$(BIN)/python -m pytest -q -m stress tests/stress
 
-check: lint typecheck
+check: lint typecheck layers
 
 lint: install
 	$(BIN)/ruff check orchestrator tui tests bench
@@ -70,6 +70,10 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy orchestrator tui
+
+# The layers of docs/architecture.md (pyproject.toml, [tool.importlinter]).
+layers: install
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/python -m bench
