@@ -10,7 +10,7 @@ inspector, `/` searches by name. The list is refreshed from ``list_sessions`` ev
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final
 
 from rich.text import Text
 from textual import on
@@ -24,9 +24,7 @@ from textual.widgets.option_list import Option
 from orchestrator.api import ApiCommandError, ConnectionClosed
 from tui import format as fmt
 from tui.chat import REFRESH_S
-
-if TYPE_CHECKING:
-    from tui.app import PrimeAgentApp
+from tui.screen_host import ScreenHost, host_of
 
 __all__ = ["GROUPS", "AgentsScreen", "ComposeScreen", "group_of", "row_text"]
 
@@ -117,8 +115,8 @@ class AgentsScreen(Screen[None]):
         self._refreshing = False
 
     @property
-    def tui(self) -> PrimeAgentApp:
-        return cast("PrimeAgentApp", self.app)
+    def tui(self) -> ScreenHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         title = "Agents" if self.parent_id is None else f"Subagents of {self.parent_name}"

@@ -2,7 +2,8 @@
 
 ``PrimeAgentApp(socket_path, cwd=..., session=...)`` connects on mount and opens a chat (a new
 one, or ``session``'s). Quitting closes the connection only: the daemon keeps every session
-running, and the next app shows them again (detach/attach).
+running, and the next app shows them again (detach/attach). The screens see the app only as a
+``ScreenHost`` (``screen_host.py``): this module imports them, none of them imports it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tui.chat import ChatScreen
 from tui.inspector import InspectorScreen
 from tui.link import DaemonLink
 from tui.panels import HelpScreen, TreeScreen, UsageScreen
+from tui.screen_host import ScreenHost
 
 __all__ = ["HISTORY_MAX", "PrimeAgentApp", "run_tui"]
 
@@ -152,6 +154,12 @@ class PrimeAgentApp(App[None]):
         """Back: pop ``screen`` (the bottom chat is never popped)."""
         if len(self.screen_stack) > 2 and self.screen is screen:
             self.pop_screen()
+
+
+def _as_screen_host(app: PrimeAgentApp) -> ScreenHost:
+    """The app as its screens reach it (``screen_host.host_of`` casts ``screen.app``): this
+    is where mypy checks that ``PrimeAgentApp`` is a ``ScreenHost``."""
+    return app
 
 
 def run_tui(

@@ -13,7 +13,7 @@ order, so a replay and a live push never interleave out of order.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final
 
 from rich.text import Text
 from textual import on
@@ -28,11 +28,9 @@ from orchestrator.api import ApiCommandError, ConnectionClosed
 from tui import format as fmt
 from tui import slash
 from tui.link import Pushed
+from tui.screen_host import ScreenHost, host_of
 from tui.transcript import Item, Transcript
 from tui.transcript_view import TranscriptView
-
-if TYPE_CHECKING:
-    from tui.app import PrimeAgentApp
 
 __all__ = ["REFRESH_S", "ChatScreen"]
 
@@ -92,8 +90,8 @@ class ChatScreen(Screen[None]):
         self.streamed = 0  # transient events shown (text deltas, cell starts)
 
     @property
-    def tui(self) -> PrimeAgentApp:
-        return cast("PrimeAgentApp", self.app)
+    def tui(self) -> ScreenHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         yield Static(id="title")

@@ -9,7 +9,7 @@ snapshot) through ``sandbox_control``.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final
 
 from rich.table import Table
 from rich.text import Text
@@ -22,9 +22,7 @@ from textual.widgets import Footer, Static
 
 from orchestrator.api import ApiCommandError, ConnectionClosed
 from tui import format as fmt
-
-if TYPE_CHECKING:
-    from tui.app import PrimeAgentApp
+from tui.screen_host import ScreenHost, host_of
 
 __all__ = ["INSPECTOR_POLL_S", "InspectorScreen", "info_table"]
 
@@ -91,8 +89,8 @@ class InspectorScreen(Screen[None]):
         self._controlling = False
 
     @property
-    def tui(self) -> PrimeAgentApp:
-        return cast("PrimeAgentApp", self.app)
+    def tui(self) -> ScreenHost:
+        return host_of(self)
 
     def compose(self) -> ComposeResult:
         yield Static(Text("Sandbox", style="bold"), id="inspector-title")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Final, cast
+from typing import Any, ClassVar, Final
 
 from rich.table import Table
 from rich.text import Text
@@ -17,9 +17,7 @@ from textual.widgets.option_list import Option
 from orchestrator.api import ApiCommandError, ConnectionClosed
 from tui import format as fmt
 from tui import slash
-
-if TYPE_CHECKING:
-    from tui.app import PrimeAgentApp
+from tui.screen_host import ScreenHost, host_of
 
 __all__ = ["HELP_KEYS", "HelpScreen", "TreeScreen", "UsageScreen", "usage_table"]
 
@@ -57,8 +55,8 @@ class _Panel(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,left,q", "back", "Back")]
 
     @property
-    def tui(self) -> PrimeAgentApp:
-        return cast("PrimeAgentApp", self.app)
+    def tui(self) -> ScreenHost:
+        return host_of(self)
 
     def action_back(self) -> None:
         self.tui.close_screen(self)

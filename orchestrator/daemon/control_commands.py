@@ -31,6 +31,7 @@ from orchestrator.api.protocol import (
 from orchestrator.control import schedule_service
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.control.goals import start_text
+from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import UserError
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES
@@ -42,7 +43,6 @@ from orchestrator.store.queries import utcnow
 from orchestrator.store.timespec import HEARTBEAT_COMMAND
 
 if TYPE_CHECKING:
-    from orchestrator.daemon.handler import DaemonControl
     from orchestrator.sessions.manager import Orchestrator
 
 __all__ = [
@@ -67,14 +67,14 @@ def _refused(exc: UserError) -> ApiCommandError:
     return ApiCommandError(code, str(exc))
 
 
-def _poke(daemon: DaemonControl) -> None:
+def _poke(daemon: CommandContext) -> None:
     scheduler = daemon.orch.scheduler
     if scheduler is not None:
         scheduler.poke()
 
 
 async def schedule_add(
-    daemon: DaemonControl, rec: SessionRecord, command: ScheduleAdd
+    daemon: CommandContext, rec: SessionRecord, command: ScheduleAdd
 ) -> JsonObject:
     try:
         row = await schedule_service.add_schedule(
@@ -92,7 +92,7 @@ async def schedule_add(
 
 
 async def schedule_list(
-    daemon: DaemonControl, rec: SessionRecord | None, command: ScheduleList
+    daemon: CommandContext, rec: SessionRecord | None, command: ScheduleList
 ) -> JsonObject:
     rows = await schedule_service.list_schedules(
         daemon.store,
@@ -105,7 +105,7 @@ async def schedule_list(
     }
 
 
-async def schedule_cancel(daemon: DaemonControl, command: ScheduleCancel) -> JsonObject:
+async def schedule_cancel(daemon: CommandContext, command: ScheduleCancel) -> JsonObject:
     try:
         row = await schedule_service.cancel_schedule(
             daemon.store, command.id, poke=lambda: _poke(daemon)
@@ -115,7 +115,7 @@ async def schedule_cancel(daemon: DaemonControl, command: ScheduleCancel) -> Jso
     return {"schedule": row.to_wire(), "line": schedule_service.describe(row)}
 
 
-async def heartbeat(daemon: DaemonControl, rec: SessionRecord, command: Heartbeat) -> JsonObject:
+async def heartbeat(daemon: CommandContext, rec: SessionRecord, command: Heartbeat) -> JsonObject:
     try:
         result = await schedule_service.heartbeat_command(
             daemon.store,
@@ -129,7 +129,7 @@ async def heartbeat(daemon: DaemonControl, rec: SessionRecord, command: Heartbea
     return {"action": result.action, "schedule": schedule, "message": result.message}
 
 
-async def goal(daemon: DaemonControl, live: LiveSession, command: Goal) -> JsonObject:
+async def goal(daemon: CommandContext, live: LiveSession, command: Goal) -> JsonObject:
     orch = daemon.orch
     target = orch.session_target(live)
     try:
@@ -207,7 +207,7 @@ def autonomous_state(row: AutonomyRow | None, now: datetime) -> JsonObject:
     }
 
 
-async def autonomous(daemon: DaemonControl, rec: SessionRecord, command: Autonomous) -> JsonObject:
+async def autonomous(daemon: CommandContext, rec: SessionRecord, command: Autonomous) -> JsonObject:
     """``/autonomous on|off|status`` for an existing session (docs/control.md): ``on`` starts a
     run with the limits and gates given (the rest the defaults; counters from zero), counted
     from the session's next turn; ``off`` ends it (its counters stay readable)."""

@@ -81,22 +81,20 @@ from orchestrator.daemon import (
     sandbox_commands,
     tree_commands,
 )
+from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import ResolvedModel, resolve_model
-from orchestrator.sandbox.choice import BackendChoice
+from orchestrator.models.registry import resolve_model
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import (
     TERMINAL_STATES,
     FamilyTimeout,
-    Orchestrator,
     SessionNotLoadable,
 )
 from orchestrator.sessions.post_turn import begin_run, first_input
-from orchestrator.settings import Settings
-from orchestrator.store.db import EventRecord, SessionRecord, Store
+from orchestrator.store.db import EventRecord, SessionRecord
 from orchestrator.store.events import RunEndPayload, UserMessagePayload
 from orchestrator.store.queries import UsageSummary, select_last_event_times
 
@@ -127,18 +125,12 @@ EXPORT_FILE_MODE: Final = 0o600
 LINEAGE_MAX_DEPTH: Final = 64
 
 
-class DaemonControl(Protocol):
-    """What the handler needs from the daemon that owns it (``service.Daemon``)."""
+class DaemonControl(CommandContext, Protocol):
+    """What the handler needs from the daemon that owns it (``service.Daemon``): what every
+    command may use (``CommandContext``) plus readiness, the socket and shutdown."""
 
-    settings: Settings
     socket_path: Path
     started_monotonic: float
-
-    @property
-    def orch(self) -> Orchestrator: ...
-
-    @property
-    def store(self) -> Store: ...
 
     @property
     def ready(self) -> bool: ...
@@ -148,18 +140,9 @@ class DaemonControl(Protocol):
 
     async def wait_ready(self) -> None: ...
 
-    async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
-        """The model with a live endpoint (starts the embedded model once, lazily)."""
-        ...
-
     async def abort_tree(self, live: LiveSession) -> list[str]:
         """Stop the running turns of ``live`` and its descendants; ``live`` stays idle and
         addressable. The ids whose turn was aborted."""
-        ...
-
-    async def choose_backend(self, requested: str | None) -> BackendChoice:
-        """auto / docker / bwrap / local for a new session (``UserError``: bad or unusable;
-        ``local`` comes with its not-isolated warning for the reply)."""
         ...
 
     def request_shutdown(self) -> None: ...

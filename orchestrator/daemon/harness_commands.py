@@ -18,7 +18,7 @@ its decision.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import (
@@ -36,6 +36,7 @@ from orchestrator.api.protocol import (
     RefineRollback,
     SetModel,
 )
+from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import HarnessError, UserError
 from orchestrator.harness.outcome import outcome_line
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
@@ -49,9 +50,6 @@ from orchestrator.store import refinements as refinement_store
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.harness_entry import GLOBAL_OWNER, EntryWrite, slugify
 from orchestrator.store.refinements import RefinementRow
-
-if TYPE_CHECKING:
-    from orchestrator.daemon.handler import DaemonControl
 
 __all__ = [
     "PROPOSALS_LIST_MAX",
@@ -81,7 +79,7 @@ def _harness_error(exc: HarnessError) -> ApiCommandError:
     return ApiCommandError(code, str(exc))
 
 
-async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel) -> JsonObject:
+async def set_model(daemon: CommandContext, live: LiveSession, command: SetModel) -> JsonObject:
     previous = live.model.selector
     try:
         await ensure_litellm()
@@ -104,7 +102,7 @@ async def set_model(daemon: DaemonControl, live: LiveSession, command: SetModel)
     }
 
 
-async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> JsonObject:
+async def refine(daemon: CommandContext, live: LiveSession, command: Refine) -> JsonObject:
     target = daemon.orch.session_target(live)
     answer = await daemon.orch.refiner.request(
         target, instructions=command.instructions, scope=command.scope, trigger="user"
@@ -112,7 +110,7 @@ async def refine(daemon: DaemonControl, live: LiveSession, command: Refine) -> J
     return {"session": live.id, **answer}
 
 
-async def rollback(daemon: DaemonControl, command: RefineRollback) -> JsonObject:
+async def rollback(daemon: CommandContext, command: RefineRollback) -> JsonObject:
     try:
         row = await daemon.orch.refiner.rollback(command.id, session_id=None, source="user")
     except HarnessError as exc:
@@ -126,7 +124,7 @@ def _owners(rec: SessionRecord | None) -> list[str]:
 
 
 async def harness_list(
-    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessList
+    daemon: CommandContext, rec: SessionRecord | None, command: HarnessList
 ) -> JsonObject:
     """The live entries, and every pending proposal (each would change what all sessions
     see, whichever tree proposed it)."""
@@ -145,7 +143,7 @@ async def harness_list(
 
 
 async def harness_log(
-    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessLog
+    daemon: CommandContext, rec: SessionRecord | None, command: HarnessLog
 ) -> JsonObject:
     owners = None if rec is None else _owners(rec)
 
@@ -165,7 +163,7 @@ async def harness_log(
     }
 
 
-async def decide(daemon: DaemonControl, command: HarnessAccept | HarnessReject) -> JsonObject:
+async def decide(daemon: CommandContext, command: HarnessAccept | HarnessReject) -> JsonObject:
     """Accept (write) or reject a pending proposal: ``{proposal, entry?}``."""
     try:
         if isinstance(command, HarnessAccept):
@@ -184,7 +182,7 @@ async def decide(daemon: DaemonControl, command: HarnessAccept | HarnessReject) 
 
 
 async def harness_edit(
-    daemon: DaemonControl, rec: SessionRecord | None, command: HarnessEdit
+    daemon: CommandContext, rec: SessionRecord | None, command: HarnessEdit
 ) -> JsonObject:
     if command.scope == "local" and rec is None:
         raise ApiCommandError(E_INVALID_ARGUMENT, "a local entry needs --session")
@@ -213,7 +211,7 @@ async def harness_edit(
 
 
 async def by_record(
-    daemon: DaemonControl,
+    daemon: CommandContext,
     rec: SessionRecord | None,
     command: HarnessLog | HarnessList | HarnessEdit,
 ) -> JsonObject:

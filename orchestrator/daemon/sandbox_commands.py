@@ -22,10 +22,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import E_BUSY, JsonObject, SandboxControl
+from orchestrator.daemon.command_context import CommandContext
 from orchestrator.daemon.tree_commands import quiet_family
 from orchestrator.errors import SandboxError, SandboxStartError, UserError
 from orchestrator.sandbox.base import Sandbox, SandboxInfo, SandboxRef
@@ -34,9 +35,6 @@ from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES
 from orchestrator.sessions.snapshots import KeptSandbox
 from orchestrator.store.db import SessionRecord
-
-if TYPE_CHECKING:
-    from orchestrator.daemon.handler import DaemonControl
 
 __all__ = [
     "CPU_SAMPLES_MAX",
@@ -134,7 +132,7 @@ async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
     }
 
 
-async def sandbox_info(daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
+async def sandbox_info(daemon: CommandContext, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
     """``{session, status, sandbox: null | {...}}`` (docs/protocol.md), plus ``sandbox_failed:
     {failures, error}`` while the sandbox is marked failed (its start backoff gave up; the
     session itself stays usable, and its next prompt or a restart tries again)."""
@@ -152,7 +150,7 @@ async def sandbox_info(daemon: DaemonControl, meter: CpuMeter, rec: SessionRecor
 
 
 async def sandbox_control(
-    daemon: DaemonControl, meter: CpuMeter, rec: SessionRecord, command: SandboxControl
+    daemon: CommandContext, meter: CpuMeter, rec: SessionRecord, command: SandboxControl
 ) -> JsonObject:
     orch = daemon.orch
     family = quiet_family(daemon, rec.id, f"{command.action} the sandbox of")
@@ -182,7 +180,7 @@ async def sandbox_control(
 
 
 async def _unload(
-    daemon: DaemonControl, meter: CpuMeter, live: LiveSession, family: list[LiveSession]
+    daemon: CommandContext, meter: CpuMeter, live: LiveSession, family: list[LiveSession]
 ) -> None:
     """``live`` and its loaded descendants out of memory, as the idle unloader does it."""
     orch = daemon.orch

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import (
@@ -26,6 +26,7 @@ from orchestrator.api.protocol import (
     JsonObject,
     Tree,
 )
+from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import UserError
 from orchestrator.models.registry import resolve_model
 from orchestrator.sessions.live import LiveSession
@@ -33,9 +34,6 @@ from orchestrator.settings import EMBEDDED_MODEL_NAME
 from orchestrator.store import tree
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl, read_session_file
-
-if TYPE_CHECKING:
-    from orchestrator.daemon.handler import DaemonControl
 
 __all__ = ["branch", "copy", "import_file", "loaded_family", "quiet_family", "tree_page"]
 
@@ -49,14 +47,14 @@ def _invalid(exc: UserError) -> ApiCommandError:
     return ApiCommandError(E_INVALID_ARGUMENT, str(exc))
 
 
-async def tree_page(daemon: DaemonControl, rec: SessionRecord, command: Tree) -> JsonObject:
+async def tree_page(daemon: CommandContext, rec: SessionRecord, command: Tree) -> JsonObject:
     page = await tree.tree_page(
         daemon.store, rec.id, after_seq=command.after_seq, limit=command.limit
     )
     return page.as_dict()
 
 
-def loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
+def loaded_family(daemon: CommandContext, session_id: str) -> list[LiveSession]:
     """The session and its loaded descendants (parents before children)."""
     sessions = sorted(daemon.orch.sessions.values(), key=lambda s: s.record.depth)
     inside = {session_id}
@@ -68,7 +66,7 @@ def loaded_family(daemon: DaemonControl, session_id: str) -> list[LiveSession]:
     return found
 
 
-def quiet_family(daemon: DaemonControl, session_id: str, doing: str) -> list[LiveSession]:
+def quiet_family(daemon: CommandContext, session_id: str, doing: str) -> list[LiveSession]:
     """The session's loaded family (``loaded_family``), or ``busy`` when one of them has a turn
     running or input waiting: ``doing`` ("branch", "restart the sandbox of") says what waits."""
     family = loaded_family(daemon, session_id)
@@ -82,7 +80,7 @@ def quiet_family(daemon: DaemonControl, session_id: str, doing: str) -> list[Liv
     return family
 
 
-async def branch(daemon: DaemonControl, rec: SessionRecord, command: Branch) -> JsonObject:
+async def branch(daemon: CommandContext, rec: SessionRecord, command: Branch) -> JsonObject:
     orch = daemon.orch
     quiet_family(daemon, rec.id, "branch")
     live = orch.sessions.get(rec.id)
@@ -98,7 +96,7 @@ async def branch(daemon: DaemonControl, rec: SessionRecord, command: Branch) -> 
     return {**result.as_dict(), "unloaded": live is not None}
 
 
-async def copy(daemon: DaemonControl, rec: SessionRecord, command: Fork | Clone) -> JsonObject:
+async def copy(daemon: CommandContext, rec: SessionRecord, command: Fork | Clone) -> JsonObject:
     """``fork`` (at ``event``, default the leaf) or ``clone`` (the active path)."""
     try:
         if isinstance(command, Clone):
@@ -131,7 +129,7 @@ def _directory(text: str | None, what: str) -> str | None:
     return text
 
 
-async def import_file(daemon: DaemonControl, command: ImportSession) -> JsonObject:
+async def import_file(daemon: CommandContext, command: ImportSession) -> JsonObject:
     path = Path(command.path)
     if not path.is_absolute():
         shown = command.path[:_SHOWN_CHARS]

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from orchestrator.runtime import entry_rules
+from orchestrator.runtime.arguments import reject_unknown
 from orchestrator.runtime.entry_rules import (
     BASE_PROMPT_ID,
     CONTENT_MAX_CHARS,
@@ -60,13 +61,7 @@ from orchestrator.runtime.entry_rules import (
 )
 from orchestrator.runtime.errors import InternalHostError, InvalidArgument
 from orchestrator.runtime.host import HostBound
-from orchestrator.runtime.rlm import (
-    as_items,
-    as_object,
-    field_opt_str,
-    field_str,
-    reject_unknown,
-)
+from orchestrator.runtime.replies import as_items, as_object, field_opt_str, field_str
 
 __all__ = [
     "BASE_PROMPT_ID",

@@ -38,16 +38,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from orchestrator.runtime.arguments import reject_unknown, require_text
 from orchestrator.runtime.errors import InvalidArgument
 from orchestrator.runtime.host import HostBound
-from orchestrator.runtime.rlm import (
-    as_items,
-    as_object,
-    field_opt_str,
-    field_str,
-    reject_unknown,
-    require_text,
-)
+from orchestrator.runtime.replies import as_items, as_object, field_opt_str, field_str
 
 __all__ = [
     "DEFAULT_DELIVERY",

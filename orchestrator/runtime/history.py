@@ -22,17 +22,10 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.runtime.arguments import check_int, reject_unknown, require_text
 from orchestrator.runtime.errors import InternalHostError, InvalidArgument
 from orchestrator.runtime.host import HostBound
-from orchestrator.runtime.rlm import (
-    as_items,
-    as_object,
-    check_int,
-    field_opt_str,
-    field_str,
-    reject_unknown,
-    require_text,
-)
+from orchestrator.runtime.replies import as_items, as_object, field_opt_str, field_str
 
 __all__ = [
     "COMPACT_INSTRUCTIONS_MAX_CHARS",

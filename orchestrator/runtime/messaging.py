@@ -26,18 +26,10 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.runtime.arguments import check_int, check_name, reject_unknown, require_text
 from orchestrator.runtime.errors import InvalidArgument
 from orchestrator.runtime.host import HostBound
-from orchestrator.runtime.rlm import (
-    as_items,
-    as_object,
-    check_int,
-    check_name,
-    field_opt_str,
-    field_str,
-    reject_unknown,
-    require_text,
-)
+from orchestrator.runtime.replies import as_items, as_object, field_opt_str, field_str
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

@@ -19,10 +19,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from orchestrator.runtime.arguments import reject_unknown
 from orchestrator.runtime.errors import InvalidArgument
 from orchestrator.runtime.harness import DEFAULT_SCOPE, check_scope, check_text
 from orchestrator.runtime.host import HostBound
-from orchestrator.runtime.rlm import as_object, field_opt_str, field_str, reject_unknown
+from orchestrator.runtime.replies import as_object, field_opt_str, field_str
 
 __all__ = [
     "REFINE_INSTRUCTIONS_MAX_CHARS",

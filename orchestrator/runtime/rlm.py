@@ -20,11 +20,19 @@ Wire shapes (``args`` -> ``result``; optional keys are left out when None):
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import Any, Literal, overload
 
+from orchestrator.runtime.arguments import (
+    MAX_NAME_CHARS,
+    check_int,
+    check_name,
+    check_timeout,
+    optional_text,
+    reject_unknown,
+    require_text,
+)
 from orchestrator.runtime.errors import (
     HostError,
     InternalHostError,
@@ -32,10 +40,9 @@ from orchestrator.runtime.errors import (
     QueryBatchError,
     error_from_reply,
 )
+from orchestrator.runtime.harness import Harness
 from orchestrator.runtime.host import HostBound
-
-if TYPE_CHECKING:
-    from orchestrator.runtime.harness import Harness
+from orchestrator.runtime.replies import as_items, as_object, field_opt_str, field_str
 
 __all__ = [
     "FIND_MODELS_DEFAULT_LIMIT",
@@ -48,13 +55,9 @@ __all__ = [
     "RLMSpawnHandle",
     "RLMSubagent",
     "Rlm",
-    "check_name",
-    "reject_unknown",
-    "require_text",
     "rlm",
 ]
 
-MAX_NAME_CHARS = 64
 FIND_MODELS_DEFAULT_LIMIT = 8
 FIND_MODELS_MIN_LIMIT = 1
 FIND_MODELS_MAX_LIMIT = 20
@@ -62,94 +65,6 @@ FIND_MODELS_MAX_LIMIT = 20
 QUERY_TIMEOUT_S = 300.0
 THINKING_LEVELS = ("off", "minimal", "low", "medium", "high", "xhigh", "max")
 SUBAGENT_STATUSES = ("running", "idle", "inactive", "completed", "error", "deleted", "failed")
-# Unicode categories a name may not contain: control, format, surrogate, line/paragraph breaks.
-_FORBIDDEN_NAME_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-# --- argument checks (shared with messaging.py) -----------------------------------------------
-
-
-def reject_unknown(where: str, unknown: Mapping[str, Any], allowed: Sequence[str]) -> None:
-    """``TypeError`` naming the unsupported keyword arguments and the allowed ones."""
-    if unknown:
-        names = ", ".join(sorted(unknown))
-        raise TypeError(
-            f"{where}() got unsupported keyword argument(s): {names}; allowed: {', '.join(allowed)}"
-        )
-
-
-def require_text(where: str, what: str, value: object) -> str:
-    """A non-empty (not only whitespace) ``str``."""
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: {what} must be a str, not {type(value).__name__}")
-    if not value.strip():
-        raise InvalidArgument(f"{where}: {what} is empty")
-    return value
-
-
-def optional_text(where: str, what: str, value: object) -> str | None:
-    if value is None:
-        return None
-    return require_text(where, what, value).strip()
-
-
-def check_name(where: str, value: object, what: str = "name") -> str:
-    """A display name: trimmed, non-empty, at most 64 chars, no control characters."""
-    name = require_text(where, what, value).strip()
-    if len(name) > MAX_NAME_CHARS:
-        raise InvalidArgument(
-            f"{where}: {what} is {len(name)} characters; the limit is {MAX_NAME_CHARS}"
-        )
-    for ch in name:
-        if unicodedata.category(ch) in _FORBIDDEN_NAME_CATEGORIES:
-            raise InvalidArgument(f"{where}: {what} contains the control character {ch!r}")
-    return name
-
-
-def check_int(where: str, what: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: {what} must be an int, not {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise InvalidArgument(f"{where}: {what} must be {bound}, not {value}")
-    return value
-
-
-def check_timeout(where: str, value: object) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidArgument(f"{where}: timeout must be a positive number of seconds")
-    return float(value)
-
-
-# --- decoding replies -------------------------------------------------------------------------
-
-
-def field_str(obj: Mapping[str, Any], key: str, where: str) -> str:
-    value = obj.get(key)
-    if not isinstance(value, str):
-        raise InternalHostError(f"the orchestrator's reply to {where} has no {key!r}")
-    return value
-
-
-def field_opt_str(obj: Mapping[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    return value if isinstance(value, str) else None
-
-
-def as_object(value: object, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, dict):
-        raise InternalHostError(f"the orchestrator's reply to {where} is not an object")
-    return value
-
-
-def as_items(value: object, key: str, where: str) -> list[Mapping[str, Any]]:
-    """The list under ``key`` (or the result itself when it is a list), each an object."""
-    items = value.get(key) if isinstance(value, dict) else value
-    if not isinstance(items, list):
-        raise InternalHostError(f"the orchestrator's reply to {where} has no {key!r} list")
-    return [as_object(item, where) for item in items]
 
 
 # --- result types -----------------------------------------------------------------------------
@@ -446,9 +361,7 @@ class Rlm(HostBound):
 
     @property
     def harness(self) -> Harness:
-        """The Continual Harness (``harness.py``): imported on first use, same client."""
-        from orchestrator.runtime.harness import Harness
-
+        """The Continual Harness (``harness.py``), on the same client."""
         return Harness(self._client_override)
 
     def host_request(
