@@ -43,9 +43,12 @@ def test_the_contracts_cover_the_drawing() -> None:
     placed = {p for layer in layers for p in layer.replace("|", " ").replace(":", " ").split()}
     placed |= {"orchestrator.runtime", "orchestrator.testing"}
     packages = {
-        f"orchestrator.{p.stem if p.is_file() else p.name}"
-        for p in (ROOT / "orchestrator").iterdir()
-        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")
+        f"orchestrator.{p.parent.name}" for p in (ROOT / "orchestrator").glob("*/__init__.py")
+    }
+    packages |= {
+        f"orchestrator.{p.stem}"
+        for p in (ROOT / "orchestrator").glob("*.py")
+        if p.stem != "__init__"
     }
     assert packages <= placed, f"not in any contract: {sorted(packages - placed)}"
 
