@@ -110,7 +110,8 @@ _Arrow = tuple[SessionStatus, SessionStatus]
 
 def _every(sources: Iterable[SessionStatus], targets: Iterable[SessionStatus]) -> frozenset[_Arrow]:
     """Each source to each target."""
-    return frozenset((old, new) for old in sources for new in set(targets))
+    ends = frozenset(targets)
+    return frozenset((old, new) for old in sources for new in ends)
 
 
 ARROWS: Final[Mapping[Cause, frozenset[_Arrow]]] = {
