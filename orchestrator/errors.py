@@ -28,6 +28,7 @@ drawing against the classes)::
     ├── BusError
     ├── StoreError
     │   └── StoreLocked              + UserError
+    ├── IllegalTransition            a session state change its lifecycle forbids (a bug)
     ├── ApiError                     .code: a control API wire code
     │   ├── ApiCommandError          (api) a command failed; most wire codes
     │   ├── ConnectionClosed         (api)
@@ -65,6 +66,7 @@ __all__ = [
     "HarnessInvalid",
     "HarnessNotFound",
     "HarnessQuota",
+    "IllegalTransition",
     "KernelDied",
     "MissingCredentials",
     "ModelError",
@@ -175,6 +177,23 @@ class StoreError(PrimeAgentError):
 
 class StoreLocked(UserError, StoreError):
     """Another process holds the database file."""
+
+
+class IllegalTransition(PrimeAgentError):
+    """A session was asked to change state along an arrow its lifecycle does not draw
+    (``orchestrator/store/lifecycle.py``): a bug in the caller, never the user's doing. The
+    message is one line; ``session_id``, ``old``, ``new`` and ``why`` say which change it was."""
+
+    def __init__(self, session_id: str, old: str, new: str, why: str, allowed: list[str]):
+        ways = ", ".join(allowed) if allowed else "nowhere"
+        super().__init__(
+            f"session {session_id} cannot go from {old} to {new} on {why} "
+            f"({why} from {old} goes to: {ways})"
+        )
+        self.session_id = session_id
+        self.old = old
+        self.new = new
+        self.why = why
 
 
 class ApiError(PrimeAgentError):

@@ -375,8 +375,8 @@ class FamilyService:
         try:
             if child is not None:
                 await self.orch.stop_session(child, state="deleted")
-            elif await self.orch.store.get_session(child_id) is not None:
-                await self.orch.store.update_session(child_id, status="deleted")
+            elif (record := await self.orch.store.get_session(child_id)) is not None:
+                await self.orch.set_stored_state(record, "deleted", "delete")
         except Exception as exc:
             log.warning("could not delete the abandoned subagent %s: %s", child_id, exc)
         finally:
@@ -440,16 +440,18 @@ class FamilyService:
         for rec in tree:  # parents come before children
             if rec.parent_id in doomed:
                 doomed.add(rec.id)
-        for session_id in doomed:
-            loaded = self.orch.sessions.get(session_id)
+        for rec in tree:
+            if rec.id not in doomed:
+                continue
+            loaded = self.orch.sessions.get(rec.id)
             if loaded is not None:
                 await self.orch.stop_session(loaded, state="deleted")
                 continue
-            await self.orch.store.update_session(session_id, status="deleted")
-            await self.orch.adopted.discard(session_id)  # a sandbox kept from a daemon crash
+            await self.orch.set_stored_state(rec, "deleted", "delete")
+            await self.orch.adopted.discard(rec.id)  # a sandbox kept from a daemon crash
             if self.orch.bus is not None:
                 with contextlib.suppress(Exception):
-                    await self.orch.bus.purge_messages(session_id)
+                    await self.orch.bus.purge_messages(rec.id)
 
     async def rlm_find_models(self, caller_id: str, args: dict[str, Any]) -> list[dict[str, str]]:
         caller = self._caller(caller_id)

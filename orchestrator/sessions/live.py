@@ -20,10 +20,9 @@ from orchestrator.models.registry import ResolvedModel
 from orchestrator.sandbox.base import Sandbox, SandboxSpec
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
+from orchestrator.store.lifecycle import SessionStatus
 
 __all__ = ["Inbound", "LiveSession", "RunStop", "child_id_for"]
-
-SessionState = Literal["running", "idle", "completed", "error", "aborted", "deleted", "failed"]
 
 
 def child_id_for(session_id: str) -> str:
@@ -53,7 +52,9 @@ class LiveSession:
     model: ResolvedModel
     spec: SandboxSpec
     loop: AgentLoop | None = None
-    state: SessionState = "idle"
+    # Its lifecycle state (store/lifecycle.py), written through to its row. Only the
+    # orchestrator changes it, each change checked by ``lifecycle.transition``.
+    state: SessionStatus = "idle"
     steer: list[Inbound] = field(default_factory=list)
     follow: collections.deque[Inbound] = field(default_factory=collections.deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)

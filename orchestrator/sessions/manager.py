@@ -9,6 +9,7 @@ Host requests from kernels (``rlm(...)``, ``agent_message.send``...) are answere
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -63,6 +64,15 @@ from orchestrator.store.events import (
     UsagePayload,
     UserMessagePayload,
 )
+from orchestrator.store.lifecycle import (
+    STALE_LIVE_STATUSES,
+    TERMINAL_STATES,
+    Cause,
+    SessionStatus,
+    StopState,
+    Transition,
+    transition,
+)
 
 __all__ = [
     "INTERRUPTED_CELL_TEXT",
@@ -78,11 +88,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOTICE_PREVIEW_CHARS = 600
-# A failed turn never ends a session (it rests idle and takes the next message), so ``error``
-# is not here: a row an older version left ``error`` wakes like any other.
-TERMINAL_STATES = frozenset({"aborted", "deleted"})
-# Rows that claim a live session: after a restart nothing is loaded, so they are stale.
-STALE_LIVE_STATUSES: Final = frozenset({"running", "idle"})
+# The recent state changes of every session (``Orchestrator.transitions``), for inspection:
+# the oldest go first once this many are kept.
+RECENT_TRANSITIONS_MAX: Final = 256
+# How a print-mode root ends, by its last outcome's reason (``finish_root``); any other reason
+# (a failed run) leaves it inactive: not loaded, and woken by the next message.
+RUN_END_STATES: Final[Mapping[str, SessionStatus]] = {
+    "completed": "completed",
+    "aborted": "aborted",
+}
+RUN_END_OTHERWISE: Final[SessionStatus] = "inactive"
 # Told to the model at the first model call after a session with a REPL history is reloaded
 # and has no namespace snapshot (with one, the supervisor's revival note says what came back).
 RELOADED_NOTICE: Final = "[notice] this session was reloaded; its REPL namespace starts empty"
@@ -153,7 +168,12 @@ class Orchestrator:
         self.sessions: dict[str, LiveSession] = {}
         self.budgets = BudgetTree()
         self._resolve = resolve or self._resolve_from_settings
+        # Notified at every change of a session's state (and after an abort): wait_quiet.
         self._changed = asyncio.Condition()
+        # The most recent of those changes, oldest first (store/lifecycle.py).
+        self.transitions: collections.deque[Transition] = collections.deque(
+            maxlen=RECENT_TRANSITIONS_MAX
+        )
         self._closing = False
         self._abort_lock = asyncio.Lock()
         # Sessions being loaded: concurrent wakers (two messages, a message and an attach)
@@ -340,7 +360,7 @@ class Orchestrator:
         await self._ensure_budgets(record.root_id)
         if session_id in self.sessions:  # created or loaded meanwhile (cannot happen twice)
             return self.sessions[session_id]
-        live = LiveSession(record=record, model=model, spec=self._spec(record))
+        live = LiveSession(record=record, model=model, spec=self._spec(record), state=record.status)
         found = await read_context_path(self.store, session_id)  # back to the last compaction
         closed = await self._close_interrupted_cells(session_id, found.events, sink=True)
         path = found.events + closed
@@ -357,11 +377,10 @@ class Orchestrator:
             note = RELOADED_NOTICE if adopted is None else ADOPTED_NOTICE
             live.notes.append(UserMessagePayload(text=note, source="harness"))
         self._attach_loop(live, context)
-        state: Literal["idle", "completed"] = "completed" if record.parent_id else "idle"
-        live.state = state
+        loaded = self._move(live, _resting_state(live), "load")  # before anyone can see it
         self.sessions[session_id] = live
         live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
-        await self._set_state(live, state)
+        await self._publish(loaded)
         log.info("loaded session %s from the store (%d events on its path)", session_id, len(path))
         return live
 
@@ -458,7 +477,7 @@ class Orchestrator:
                         record.id, "aborted", AbortedPayload(reason=RESTART_ABORT_REASON)
                     )
                     self.interrupted_turns.append(record.id)  # resumed after adoption
-                await self.store.update_session(record.id, status="inactive")
+                await self.set_stored_state(record, "inactive", "recover")
                 recovered.append(record.id)
             except Exception:  # one damaged session must not keep the others from recovering
                 log.exception("could not recover session %s", record.id)
@@ -582,7 +601,7 @@ class Orchestrator:
                 await live.wake.wait()
             live.held = False  # the user spoke: what was held runs in order
             item = live.follow.popleft()
-            await self._set_state(live, "running")
+            await self._set_state(live, "running", "turn_start")
             outcome: TurnOutcome | None = None
             try:
                 if is_notice(item):
@@ -617,7 +636,7 @@ class Orchestrator:
                 continue
             # A failed turn rests like any other: its typed error is in its events (error,
             # turn_end), and the next message starts a turn that calls the model again.
-            await self._set_state(live, "completed" if live.record.parent_id else "idle")
+            await self._set_state(live, _resting_state(live), "turn_end")
 
     # -- post-turn work: harness, goals, autonomous mode (sessions/post_turn.py) ------------
 
@@ -635,13 +654,44 @@ class Orchestrator:
             rec = await self.record(live, "user_message", note)
             live.loop.context.add("user_message", note.model_dump(mode="json"), event_id=rec.id)
 
-    async def _set_state(self, live: LiveSession, state: str) -> None:
-        live.state = state  # type: ignore[assignment]
-        with contextlib.suppress(Exception):
-            await self.store.update_session(live.id, status=state)
-        await self._changed_notify()
+    # -- state changes: each one checked by store/lifecycle.py and announced ---------------------
 
-    async def _changed_notify(self) -> None:
+    def _move(self, live: LiveSession, new: SessionStatus, why: Cause) -> Transition:
+        """Change ``live``'s state, checked (``IllegalTransition`` for an arrow the lifecycle
+        does not draw); the caller publishes the returned record. The only code that assigns
+        ``LiveSession.state``."""
+        moved = transition(live.id, live.state, new, why)
+        live.state = new
+        return moved
+
+    async def _publish(self, moved: Transition) -> None:
+        """Write a change of a loaded session to its row and announce it. The write is best
+        effort: while the session is loaded its live state is the one that counts."""
+        with contextlib.suppress(Exception):
+            await self.store.update_session(moved.session_id, status=moved.new)
+        await self._changed_notify(moved)
+
+    async def _set_state(self, live: LiveSession, new: SessionStatus, why: Cause) -> Transition:
+        moved = self._move(live, new, why)
+        await self._publish(moved)
+        return moved
+
+    async def set_stored_state(
+        self, record: SessionRecord, new: SessionStatus, why: Cause
+    ) -> Transition:
+        """Change the state of a session that is not loaded, from its row's: checked, written
+        (a failed write raises) and announced."""
+        moved = transition(record.id, record.status, new, why)
+        await self.store.update_session(record.id, status=new)
+        await self._changed_notify(moved)
+        return moved
+
+    async def _changed_notify(self, moved: Transition | None = None) -> None:
+        """Wake whoever waits on the sessions (``wait_quiet``). ``moved``: the state change
+        that wakes them, logged and kept in ``transitions``."""
+        if moved is not None:
+            self.transitions.append(moved)
+            log.debug("%s", moved)
         async with self._changed:
             self._changed.notify_all()
 
@@ -746,11 +796,11 @@ class Orchestrator:
         if self.bus is not None:
             with contextlib.suppress(Exception):
                 await self.bus.forget(live.id)
-        if live.state in ("idle", "running"):
-            await self._set_state(live, "inactive")
+        if live.state in ("idle", "running"):  # a completed subagent stays completed
+            await self._set_state(live, "inactive", "unload")
         self.sessions.pop(live.id, None)
 
-    async def abort_turn(self, live: LiveSession, *, state: str | None = None) -> bool:
+    async def abort_turn(self, live: LiveSession, *, state: SessionStatus | None = None) -> bool:
         """Stop the running turn; the session stays loaded, idle and ready for more input.
 
         ``stop_session`` ends a session for good; a user's abort does not. The driver is
@@ -770,8 +820,7 @@ class Orchestrator:
             for leftover in reversed(live.steer):
                 live.follow.appendleft(leftover)
             live.steer.clear()
-            rest = "completed" if live.record.parent_id else "idle"
-            await self._set_state(live, state or rest)
+            await self._set_state(live, state or _resting_state(live), "abort")
             live.driver = asyncio.create_task(self._drive(live), name=f"driver-{live.id}")
             return True
 
@@ -812,8 +861,11 @@ class Orchestrator:
             stopped.append(live.id)
         return stopped
 
-    async def stop_session(self, live: LiveSession, *, state: str = "aborted") -> None:
-        """Cancel a session and all its descendants; stop their sandboxes (cascade)."""
+    async def stop_session(self, live: LiveSession, *, state: StopState = "aborted") -> None:
+        """Cancel a session and all its descendants; stop their sandboxes (cascade).
+
+        ``aborted``: a running session becomes aborted, a resting one keeps its state (written
+        again); ``deleted``: every one of them becomes a tombstone."""
         for child in [s for s in self.sessions.values() if s.record.parent_id == live.id]:
             if child.state != "deleted":
                 await self.stop_session(child, state=state)
@@ -821,10 +873,12 @@ class Orchestrator:
             live.driver.cancel()
             with contextlib.suppress(BaseException):
                 await live.driver
-        if live.state != "deleted":
-            await self._set_state(live, state if live.state == "running" else live.state)
-            if state == "deleted":
-                await self._set_state(live, "deleted")
+        if state == "deleted" and live.state != "deleted":
+            await self._set_state(live, "deleted", "delete")
+        elif live.state == "running":
+            await self._set_state(live, "aborted", "stop")
+        elif live.state != "deleted":
+            await self._set_state(live, live.state, "restate")
         await self._stop_sandbox(live)
         if self.bus is not None:
             with contextlib.suppress(Exception):
@@ -862,8 +916,7 @@ class Orchestrator:
                 ),
             )
         # A failed run's session is not loaded any more and wakes for the next message.
-        final = {"completed": "completed", "aborted": "aborted"}.get(reason, "inactive")
-        await self._set_state(live, final)
+        await self._set_state(live, RUN_END_STATES.get(reason, RUN_END_OTHERWISE), "run_end")
 
     async def close(self) -> None:
         self._closing = True
@@ -880,6 +933,11 @@ class Orchestrator:
                 await backend.close()
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
+
+
+def _resting_state(live: LiveSession) -> SessionStatus:
+    """Where a loaded session rests between turns: a subagent completed, a root idle."""
+    return "completed" if live.record.parent_id else "idle"
 
 
 def _spent(live: LiveSession) -> bool:

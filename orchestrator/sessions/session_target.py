@@ -18,6 +18,7 @@ from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.sessions.live import LiveSession
 from orchestrator.store.harness_entry import GLOBAL_OWNER
+from orchestrator.store.lifecycle import StopState
 
 __all__ = ["SessionHost", "SessionTarget", "descendants"]
 
@@ -41,7 +42,7 @@ class SessionHost(Protocol):
         """``live``'s sandbox, started when it has none."""
         ...
 
-    async def stop_session(self, live: LiveSession, *, state: str = ...) -> None:
+    async def stop_session(self, live: LiveSession, *, state: StopState = ...) -> None:
         """Cancel ``live`` and its descendants (cascade)."""
         ...
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
 import duckdb
 
 from orchestrator.errors import StoreError, UserError
 from orchestrator.session_specs import StoredModel, StoredSandboxPolicy
 from orchestrator.store.events import EventType
+from orchestrator.store.lifecycle import SESSION_STATUSES, SessionStatus
 
 __all__ = [
     "ACTIVE_PATH_MAX_DEPTH",
@@ -47,11 +48,6 @@ __all__ = [
     "update_session",
     "utcnow",
 ]
-
-SessionStatus = Literal[
-    "idle", "running", "inactive", "completed", "error", "aborted", "deleted", "failed"
-]
-SESSION_STATUSES: tuple[str, ...] = get_args(SessionStatus)
 
 # A guard against a parent cycle, which the writer never creates (a parent must exist before its
 # child) but a hand-edited or damaged file could contain: the walk stops instead of looping.

@@ -86,6 +86,17 @@ async def test_idle_sessions_unload_and_wake_with_their_namespace() -> None:
         assert woken_child.state == "completed"
         assert (await h.tool_results(woken_child))[-1]["text"] == "42"
 
+        # Each change was a checked transition (store/lifecycle.py): the root left memory and
+        # came back; the finished child, never inactive, was loaded completed.
+        moves = {
+            s.id: [(t.old, t.new, t.why) for t in h.orch.transitions if t.session_id == s.id]
+            for s in (root, child)
+        }
+        unloaded = moves[root.id].index(("idle", "inactive", "unload"))
+        assert ("inactive", "idle", "load") in moves[root.id][unloaded:]
+        assert ("completed", "completed", "load") in moves[child.id]
+        assert not any(new == "inactive" for _, new, _ in moves[child.id])
+
 
 async def test_an_attached_client_keeps_a_session_loaded() -> None:
     hour = 3600.0
@@ -103,6 +114,8 @@ async def test_an_attached_client_keeps_a_session_loaded() -> None:
         assert live.id not in h.orch.sessions
         rows = {r.id: r.status for r in await h.store.list_sessions()}
         assert rows[live.id] == "inactive"
+        moves = [(t.old, t.new, t.why) for t in h.orch.transitions if t.session_id == live.id]
+        assert moves == [("idle", "inactive", "unload")]  # born idle: not a transition
 
 
 def test_idle_unload_setting() -> None:

@@ -43,6 +43,7 @@ EXPORTED = [
     "HarnessNotFound",
     "HarnessQuota",
     "HarnessSettings",
+    "IllegalTransition",
     "KernelDied",
     "MissingCredentials",
     "ModelConfig",
