@@ -7,11 +7,14 @@ place (``CpuMeter``): the sandbox reports the CPU seconds it has used, and the p
 share of one CPU over the time since the previous ``sandbox_info`` of that very sandbox.
 
 ``sandbox_control`` goes through the orchestrator's own operations: ``stop`` is
-``Orchestrator.unload`` (a last namespace snapshot, sandbox stopped, status ``inactive``),
-``restart`` unloads and then loads the session again and starts its sandbox at once (a new
-sandbox; the namespace is revived from the snapshot, docs/snapshots.md). Both are refused
-(``busy``) while the session or a loaded descendant is in a turn or has input waiting; input
-that arrives while the sandbox stops is handed to the reloaded session, never lost.
+``Orchestrator.unload`` (a last namespace snapshot, sandbox stopped, status ``inactive``; input
+that arrives while the sandbox stops is handed to the reloaded session, never lost).
+``restart`` touches the sandbox only: a loaded session gets a new sandbox through
+``Orchestrator.restart_sandbox`` (the namespace revived from the last snapshot,
+docs/snapshots.md) and stays loaded, with its context, driver and queued input, and its loaded
+descendants keep their sandboxes; an inactive session is loaded and its sandbox started at once.
+Both are refused (``busy``) while the session or a loaded descendant is in a turn or has input
+waiting.
 """
 
 from __future__ import annotations
@@ -158,9 +161,9 @@ async def sandbox_control(
     status = live.state if live is not None else rec.status
     if command.action == "restart" and status in TERMINAL_STATES:
         raise ApiCommandError(E_BUSY, f"session {rec.id} is {status}; it cannot be restarted")
-    if live is not None:
-        await _unload(daemon, meter, live, family)
     if command.action == "stop":
+        if live is not None:
+            await _unload(daemon, meter, live, family)
         after = await daemon.store.get_session(rec.id)
         return {
             "session": rec.id,
@@ -168,15 +171,23 @@ async def sandbox_control(
             "sandbox": None,
             "unloaded": live is not None,
         }
+    if live is None:
+        try:
+            live = await orch.load_session_id(rec.id)
+        except UserError as exc:  # SessionNotLoadable, or its model cannot be resolved here
+            raise ApiCommandError(E_BUSY, f"session {rec.id} cannot be loaded: {exc}") from None
+        start = orch.sandbox_of(live)  # started by the load: revived before this returns
+    else:
+        old = _up(live)
+        if old is not None:
+            meter.forget(_key(old.ref))
+        start = orch.restart_sandbox(live)
     try:
-        fresh = await orch.load_session_id(rec.id)
-    except UserError as exc:  # SessionNotLoadable, or its model cannot be resolved here
-        raise ApiCommandError(E_BUSY, f"session {rec.id} cannot be loaded: {exc}") from None
-    try:
-        await orch.sandbox_of(fresh)  # revived from its snapshot before this returns
+        await start
     except SandboxStartError as exc:
         raise ApiCommandError(E_BUSY, f"the sandbox of {rec.id} did not start: {exc}") from None
-    return {**await sandbox_info(daemon, meter, fresh.record), "unloaded": live is not None}
+    # A restart never unloads: a loaded session stays loaded (only its sandbox is new).
+    return {**await sandbox_info(daemon, meter, live.record), "unloaded": False}
 
 
 async def _unload(

@@ -509,6 +509,12 @@ class Orchestrator:
         except Exception as exc:  # a backend bug must still reach the model as an error
             raise SandboxStartError(f"could not start the sandbox: {exc}") from exc
 
+    async def restart_sandbox(self, live: LiveSession) -> Sandbox:
+        """A new sandbox for a loaded session, nothing else (``SandboxSupervisor.restart``): its
+        record, context, driver and queued input stay as they are; its loaded descendants keep
+        theirs. Raises ``SandboxStartError`` when the new sandbox does not start."""
+        return await self.sandboxes.restart(live, lambda: self._start_sandbox(live))
+
     async def record(self, live: LiveSession, type_: str, payload: Any) -> Any:
         rec = await self.store.append(live.id, type_, payload)  # type: ignore[arg-type]
         if isinstance(payload, UsagePayload):

@@ -9,8 +9,12 @@ cell (``task_for``) and routes every new sandbox through it (``started``). The s
 - backs off after a failed start (``START_BACKOFF_BASE_S``, doubling, at most
   ``START_BACKOFF_MAX_S``) and after ``START_MAX_FAILURES`` failures in a row marks the
   *sandbox* failed (``failure``; ``sandbox_info`` shows it): no more attempts until new input
-  starts a turn (``before_turn``) or ``sandbox restart`` unloads and reloads the session. The
-  session itself stays ``idle``: it takes the next message like after any failed turn;
+  starts a turn (``before_turn``) or ``sandbox restart`` (``restart``). The session itself
+  stays ``idle``: it takes the next message like after any failed turn;
+- replaces a loaded session's sandbox on demand (``restart``: the ``sandbox_control restart``
+  of the daemon): the current sandbox stops with its last snapshot, a new one starts and the
+  namespace is revived there. Only the sandbox changes: the session, its context, driver and
+  queued input are not touched;
 - on a wake from the store, starts the sandbox at once when a snapshot exists, so that the
   first turn's harness note can say which names came back (``revive_on_load``).
 
@@ -172,6 +176,43 @@ class SandboxSupervisor:
                 await asyncio.sleep(wait)  # the backoff; the cell waits for it
         return live.ensure_sandbox(start)
 
+    async def restart(self, live: LiveSession, start: Callable[[], Awaitable[Sandbox]]) -> Sandbox:
+        """Replace the session's sandbox: the current one stops (``KeptSandbox.stop`` takes the
+        last snapshot when the namespace changed since the previous one), the failed mark and
+        the backoff are cleared, and ``start`` makes the new one (revived from the snapshot;
+        the model reads "This session got a new sandbox" and what came back). Returns the new
+        sandbox once it is up; raises ``SandboxStartError`` when it does not start (counted
+        like any failed start).
+
+        The new start takes the session's sandbox slot at once, and it waits for the old
+        sandbox to be gone first: a cell that comes meanwhile waits for the new sandbox, and
+        never runs in the old one nor starts a third. A sandbox still starting is awaited, then
+        stopped (a second restart meanwhile replaces the first one's sandbox in turn).
+        """
+        state = self._session(live.id)
+        state.failed = False
+        state.failures = 0
+        state.retry_at = 0.0
+        state.last_error = ""
+        state.awaiting_revival = True  # a turn that starts meanwhile reads the revival first
+        old = live.sandbox_task
+
+        async def replace() -> Sandbox:
+            if old is not None:  # shielded: the old sandbox stops even if this start is cancelled
+                await asyncio.shield(_retire(old))
+            return await start()
+
+        task = live.sandbox_task = asyncio.ensure_future(replace())
+        await asyncio.wait({task})  # not cancelled with the caller: the slot holds it now
+        if task.cancelled():  # the session was unloaded or stopped meanwhile
+            raise SandboxStartError("the sandbox restart was cancelled: the session was stopped")
+        error = task.exception()
+        if error is None:
+            return task.result()
+        if isinstance(error, SandboxStartError):
+            raise error
+        raise SandboxStartError(f"could not start the sandbox: {error}") from error
+
     # --- waking and turns -------------------------------------------------------------------
 
     def revive_on_load(self, live: LiveSession, start: Callable[[], Awaitable[Sandbox]]) -> bool:
@@ -232,6 +273,15 @@ class SandboxSupervisor:
         with contextlib.suppress(Exception):  # a lost sandbox: nothing to save
             await asyncio.shield(task)
         await self.snapshot_now(live)
+
+
+async def _retire(task: asyncio.Task[Sandbox]) -> None:
+    """Stop the sandbox of ``task`` once its start has ended (a failed start left none)."""
+    await asyncio.wait({task})
+    if task.cancelled() or task.exception() is not None:
+        return
+    with contextlib.suppress(Exception):  # a sandbox that fails to stop is gone for us anyway
+        await task.result().stop()
 
 
 def _spent(task: asyncio.Task[Sandbox]) -> bool:

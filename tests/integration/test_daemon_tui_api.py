@@ -345,14 +345,19 @@ async def test_sandbox_info_stop_and_restart_on_the_local_backend(
         second = await client.call("sandbox_info", session=sid)
         gateway = _gateway_pid(first)
         assert pids_alive([gateway]) == [gateway]
+        before = (await client.call("get_session", session=sid))["session"]
+
+        again = await client.call("sandbox_control", session=sid, action="restart")  # loaded
+        after = (await client.call("get_session", session=sid))["session"]
+        restarted = _gateway_pid(again)
+        assert wait_until(lambda: not pids_alive([gateway]), timeout=GONE_TIMEOUT_S)
 
         stopped = await client.call("sandbox_control", session=sid, action="stop")
-        assert wait_until(lambda: not pids_alive([gateway]), timeout=GONE_TIMEOUT_S)
+        assert wait_until(lambda: not pids_alive([restarted]), timeout=GONE_TIMEOUT_S)
         asleep = await client.call("sandbox_info", session=sid)
         row = _row(await client.call("list_sessions"), sid)
 
         woken = await client.call("sandbox_control", session=sid, action="restart")  # inactive
-        again = await client.call("sandbox_control", session=sid, action="restart")  # loaded
         await client.call("prompt", session=sid, text="is it still there?")
         got = await _turn(client, "is it still there?")
 
@@ -369,16 +374,20 @@ async def test_sandbox_info_stop_and_restart_on_the_local_backend(
     assert isinstance(second["sandbox"]["cpu_percent"], float)
     assert second["sandbox"]["cpu_percent"] >= 0
 
+    # A restart of a loaded session replaced its sandbox and nothing else: the session stayed
+    # loaded, the same in-memory session (its turn count, which a load starts at 0, is kept).
+    assert again["session"] == sid and again["status"] == "idle" and not again["unloaded"]
+    assert restarted != gateway and again["sandbox"]["cpu_percent"] is None  # a new meter
+    assert before["live"] and after["live"] and before["status"] == after["status"] == "idle"
+    assert before["turns"] == after["turns"] == 1
+
     assert stopped == {"session": sid, "status": "inactive", "sandbox": None, "unloaded": True}
     assert asleep == {"session": sid, "status": "inactive", "sandbox": None}
     assert row["status"] == "inactive" and not row["live"]
 
-    assert not woken["unloaded"] and again["unloaded"]
-    assert woken["status"] == again["status"] == "idle"
-    new_gateway = _gateway_pid(again)
-    assert _gateway_pid(woken) != gateway and new_gateway != _gateway_pid(woken)
-    assert not pids_alive([_gateway_pid(woken)]) and pids_alive([new_gateway]) == [new_gateway]
-    # The namespace came back from its snapshot in the new kernel.
+    assert not woken["unloaded"] and woken["status"] == "idle"
+    assert _gateway_pid(woken) not in (gateway, restarted)
+    # The namespace came back from its snapshot through both new sandboxes.
     results = [e for e in _events(got) if e["type"] == "tool_result"]
     assert str(SECRET + 1) in results[-1]["payload"]["text"]
     replies = [e["payload"]["text"] for e in _events(got) if e["type"] == "assistant_message"]

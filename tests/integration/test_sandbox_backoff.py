@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
+from orchestrator.errors import SandboxStartError
 from orchestrator.sandbox.local import LocalBackend
 from orchestrator.sessions.supervisor import START_MAX_FAILURES
 from tests.integration.test_snapshots import harness, new_session
@@ -52,3 +55,23 @@ async def test_repeated_start_failures_back_off_then_fail_until_a_new_prompt() -
         assert live.state == "idle"
         rows = {r.id: r.status for r in await h.store.list_sessions()}
         assert rows[live.id] == "idle"
+
+
+async def test_a_sandbox_restart_clears_the_failed_mark_and_starts_a_new_sandbox() -> None:
+    backend = LocalBackend(pool_size=0, python="/bin/false")
+    async with harness(SCRIPT, backend=backend) as h:
+        h.orch.sandboxes.backoff_base_s = BACKOFF_S
+        live = await new_session(h, eager=False)
+        await h.prompt(live, "PLEASE-RUN")
+        assert h.orch.sandboxes.is_failed(live.id)
+
+        with pytest.raises(SandboxStartError, match="failed start 1 of 3"):
+            await h.orch.restart_sandbox(live)  # still broken: counted from a clean slate
+        assert not h.orch.sandboxes.is_failed(live.id)
+
+        backend.python = sys.executable  # repaired; a restart starts it, no prompt needed
+        sandbox = await h.orch.restart_sandbox(live)
+        assert await sandbox.is_alive()
+        assert h.orch.sandboxes.failure(live.id) is None
+        assert h.orch.sessions[live.id] is live and live.state == "idle"
+        assert live.sandbox_task is not None and live.sandbox_task.result() is sandbox

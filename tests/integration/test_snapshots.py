@@ -5,6 +5,8 @@
   variable over the per-variable cap, a generator and an open socket are skipped and named).
 - A cell that times out and ignores the interrupt: the kernel is restarted and revived.
 - A sandbox whose gateway is gone: the next cell gets a new sandbox, revived.
+- A sandbox restart (``Orchestrator.restart_sandbox``): a new sandbox, revived, and the same
+  session object, context and driver (no load).
 - Docker: a removed container is replaced and revived from the mounted snapshot directory; a
   session served from the warm pool snapshots into its own directory (the pooled container's
   slot handed over), which another pooled session cannot see.
@@ -269,6 +271,63 @@ async def test_a_lost_sandbox_is_replaced_and_revived() -> None:
         assert revived["text"].startswith("[notice] This session got a new sandbox.")
         assert "Back: z." in revived["text"] and revived["text"].endswith("kept")
         assert local(live) is not first
+
+
+RESTART = """
+repeat forever:
+    when "remember":
+        code: z = "kept"
+    when "after the restart":
+        code: print(z)
+    when "kept":
+        text: back
+    else:
+        text: ok
+"""
+
+
+async def test_a_sandbox_restart_replaces_only_the_sandbox() -> None:
+    """``Orchestrator.restart_sandbox``: a new sandbox, revived; the session object, its
+    context, driver and state are the same ones (nothing was unloaded or loaded)."""
+    async with harness(RESTART) as h:
+        live = await new_session(h)
+        await h.prompt(live, "remember")
+        await snapshot_with(h, live, "z")
+        first = local(live)
+        assert live.loop is not None
+        driver, loop, context = live.driver, live.loop, live.loop.context
+        seen = len(context.messages)
+
+        loads = 0
+        load = h.orch.load_session
+
+        async def counted(record: Any) -> LiveSession:
+            nonlocal loads
+            loads += 1
+            return await load(record)
+
+        h.orch.load_session = counted  # type: ignore[method-assign]
+        sandbox = await h.orch.restart_sandbox(live)
+
+        assert loads == 0 and h.orch.sessions[live.id] is live
+        assert live.driver is driver and driver is not None and not driver.done()
+        assert live.loop is loop and loop.context is context and len(context.messages) == seen
+        assert live.state == "idle" and live.turns == 1
+        assert sandbox is kept(live) and local(live) is not first
+        await poll("the old gateway to go", lambda: not pids_alive([first.gateway_pid]))
+        rows = {r.id: r.status for r in await h.store.list_sessions()}
+        assert rows[live.id] == "idle"
+
+        await h.prompt(live, "after the restart")
+        # The revival is read before the input, as after a wake: a harness note.
+        users = [e.payload for e in await h.events(live) if e.type == "user_message"]
+        note, prompt = users[-2], users[-1]
+        assert note["source"] == "harness" and prompt["text"] == "after the restart"
+        assert note["text"].startswith("[notice] This session got a new sandbox.")
+        assert "Back: z." in note["text"]
+        revived = (await h.tool_results(live))[-1]
+        assert revived["status"] == "ok" and revived["text"] == "kept", revived
+        assert loads == 0 and h.orch.sessions[live.id] is live
 
 
 DOCKER_LOST = """
