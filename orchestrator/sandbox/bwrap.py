@@ -56,7 +56,6 @@ from orchestrator.procs import ChildProcess, ChildStartError, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
-    ResourceLimits,
     SandboxBackend,
     SandboxInfo,
     SandboxRef,
@@ -103,33 +102,37 @@ from orchestrator.sandbox.confined import (
     CONTAINER_HOME,
     CONTAINER_SOCKET_DIR,
     GATEWAY_HOST_URL,
-    GATEWAY_SOCKET,
-    KERNEL_BASE_ENV,
     NATS_SOCKET,
     OUTPUTS_DIR_MODE,
     SNAPSHOT_DIR_MODE,
     SOCKET_DIR_MODE,
+    SOCKET_SUBDIR,
+    ConfinedPolicy,
+    gateway_client,
     gateway_command,
+    gateway_url,
     nats_target,
     outputs_dir,
     session_env,
     skill_mounts,
+    start_kernel,
 )
 from orchestrator.sandbox.confinement import Confinement, confine, reopen
 from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
-from orchestrator.sandbox.docker_user import ROOT_UID, container_user, workspace_problem
+from orchestrator.sandbox.docker_user import ROOT_UID, container_user
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
 from orchestrator.sandbox.local import (
     LOG_TAIL_READ_BYTES,
     OWNER_ENV,
     SOURCE_ROOT,
     AdoptedGateway,
+    check_spec,
     read_ready_line,
     tail_text,
 )
-from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 from orchestrator.settings import (
@@ -166,7 +169,6 @@ TOKEN_BYTES: Final = 32
 RUNTIME_DIR_MODE: Final = 0o711
 STAGE_DIR_MODE: Final = 0o755
 PRIVATE_FILE_MODE: Final = 0o600
-SOCKET_SUBDIR: Final = "sock"
 GATEWAY_LOG_NAME: Final = "gateway.log"
 DEFAULT_LANG: Final = "C.UTF-8"
 SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
@@ -292,7 +294,7 @@ class BwrapSandbox(GatewaySandbox):
                     os.close(fd)
             self.child = child
             log_path.chmod(PRIVATE_FILE_MODE)
-            url = f"{GATEWAY_HOST_URL} (unix:{self.socket_dir / GATEWAY_SOCKET})"
+            url = gateway_url(self.socket_dir)
             await self._record(self._ref(url, ""))
             child.ready = await read_ready_line(child, log_path, backend.start_timeout_s)
         except ChildStartError as exc:
@@ -300,18 +302,11 @@ class BwrapSandbox(GatewaySandbox):
         booted = time.monotonic()
         init_pid = read_info(runtime_dir)
         self.init = proctree.read_proc(init_pid) if init_pid is not None else None
-        client = KernelGatewayClient(
-            GATEWAY_HOST_URL, self.token, uds=str(self.socket_dir / GATEWAY_SOCKET)
-        )
+        client = gateway_client(self.socket_dir, self.token)
         self.client = client
         client.on_restart = self._setup
         async with asyncio.timeout(backend.start_timeout_s):
-            await client.start_kernel(
-                env={**KERNEL_BASE_ENV, **self._session_env()},
-                path=str(spec.cwd).lstrip("/"),
-            )
-            await client.connect()
-            await client.wait_ready()
+            await start_kernel(client, spec.cwd, self._session_env())
             await self._setup()
         self.ref = self._ref(url, client.kernel_id)
         await self._record(self.ref)
@@ -438,16 +433,9 @@ class BwrapSandbox(GatewaySandbox):
     async def _setup(self) -> None:
         """Put the session's cwd and env in place (after every kernel start and restart)."""
         assert self.client is not None
-        code = (
-            "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
-            f"{str(self.spec.cwd)!r}, {self._session_env()!r})"
-        )
-        reply = await self.client.run_silent(
-            code, user_expressions={"pid": "__import__('os').getpid()"}
-        )
-        pid = reply.get("user_expressions", {}).get("pid", {})
-        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-            self.kernel_pid = int(pid["data"]["text/plain"])
+        pid = await apply_session(self.client, self.spec.cwd, self._session_env())
+        if pid is not None:
+            self.kernel_pid = pid
         if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
             await self.after_kernel_start(self.client.run_silent)
 
@@ -544,8 +532,9 @@ class BwrapSandbox(GatewaySandbox):
         )
 
 
-class BwrapBackend(SandboxBackend):
-    """Starts ``BwrapSandbox``es (no warm pool yet: ``pool_size`` is accepted and unused)."""
+class BwrapBackend(ConfinedPolicy, SandboxBackend):
+    """Starts ``BwrapSandbox``es (no warm pool yet: ``pool_size`` is accepted and unused).
+    A session's policy (its spec's, else this backend's) is ``confined.ConfinedPolicy``."""
 
     name = BACKEND_NAME
 
@@ -610,41 +599,17 @@ class BwrapBackend(SandboxBackend):
             )
         return self._bwrap
 
-    # --- a session's policy: its spec's, else this backend's --------------------------------
-
-    def workspace_for(self, spec: SandboxSpec) -> WorkspaceMode:
-        return spec.workspace or self.workspace_mode
-
-    def limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
-        return spec.limits.over(default) if spec.limits is not None else default
-
-    def network_for(self, spec: SandboxSpec) -> bool:
-        return self.network if spec.network is None else spec.network
-
     def _warn_once(self, warning: str) -> None:
         if warning and warning not in self._warned:
             self._warned.add(warning)
             log.warning("%s", warning)
-
-    def check_workspace(self, spec: SandboxSpec) -> None:
-        """``SandboxStartError`` in one line when the sandbox's user cannot enter the
-        workspace: what to do instead (docker_user.workspace_problem)."""
-        uid, gid = container_user(spec.cwd)
-        problem = workspace_problem(spec.cwd, uid, gid, self.workspace_for(spec))
-        if problem is not None:
-            raise SandboxStartError(problem)
 
     # --- SandboxBackend ---------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         if self._closed:
             raise SandboxError("backend is closed")
-        if not spec.cwd.is_dir():
-            raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
-        for name, value in spec.env.items():
-            if not name or "=" in name or "\0" in name or "\0" in value:
-                raise SandboxStartError(f"invalid environment variable name or value: {name!r}")
+        check_spec(spec)
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         self.bwrap  # noqa: B018 - one clear line when bubblewrap is missing
         self.check_workspace(spec)
@@ -717,23 +682,19 @@ class BwrapBackend(SandboxBackend):
             sandbox._relay = await serve_unix_to_tcp(
                 sandbox.socket_dir / NATS_SOCKET, lambda: sandbox._nats
             )
-        client = KernelGatewayClient(
-            GATEWAY_HOST_URL, ref.token, uds=str(sandbox.socket_dir / GATEWAY_SOCKET)
-        )
+        client = gateway_client(sandbox.socket_dir, ref.token)
         try:
-            async with asyncio.timeout(self.start_timeout_s):
-                interrupted = await reattach(
-                    client,
-                    ref.kernel_id,
-                    interrupt_grace_s=self.interrupt_grace_s,
-                    ready_timeout_s=self.start_timeout_s,
-                )
-        except (SandboxError, TimeoutError) as exc:
-            with contextlib.suppress(Exception):
-                await client.close()
+            interrupted = await reattach_within(
+                client,
+                ref.kernel_id,
+                what=f"bwrap sandbox {ref.ref}",
+                interrupt_grace_s=self.interrupt_grace_s,
+                timeout_s=self.start_timeout_s,
+            )
+        except SandboxError:  # reattach_within closed the client; the relay goes too
             if sandbox._relay is not None:
                 sandbox._relay.close()
-            raise SandboxError(f"bwrap sandbox {ref.ref} could not be adopted: {exc!r}") from exc
+            raise
         sandbox.client = client
         client.on_restart = sandbox._setup
         sandbox.ref = replace(ref, session_id=spec.session_id)
