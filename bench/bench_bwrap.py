@@ -136,7 +136,7 @@ async def _bench(quick: bool, with_docker: bool) -> dict[str, Any]:
         finally:
             for backend in backends.values():
                 await backend.close()
-    from orchestrator.sandbox.bwrap import RUNTIME_DIR_PREFIX
+    from orchestrator.sandbox.bwrap_owned import RUNTIME_DIR_PREFIX
 
     left = [str(p) for p in Path(tempfile.gettempdir()).glob(f"{RUNTIME_DIR_PREFIX}*")]
     if left:

@@ -249,7 +249,8 @@ def check_bwrap_sandboxes(
     ``check_local_sandboxes`` finds gateways. ``--fix`` removes each as the next daemon would
     (its pid namespace, cgroup and runtime dir: ``BwrapBackend.remove``)."""
     from orchestrator.api.server import default_socket_path
-    from orchestrator.sandbox.bwrap import BACKEND_NAME, BwrapBackend, owned_sandboxes
+    from orchestrator.sandbox.bwrap import BACKEND_NAME, BwrapBackend
+    from orchestrator.sandbox.bwrap_owned import owned_sandboxes
 
     if daemon is not None:
         return [Finding("bwrap sandboxes", "owned by the running daemon")]

@@ -18,7 +18,7 @@ the same way a container is (docs/bwrap.md):
   other workspaces, the host's /proc and /tmp).
 - Who runs it: as root, the unprivileged sandbox uid (``docker_user.container_user``), both on
   the host and inside (``--uid``); otherwise the user. The switch happens in the child between
-  fork and exec (``_Launch.preexec``): join the limits (``confinement``), bind the sources into
+  fork and exec (``Launch.preexec``): join the limits (``confinement``), bind the sources into
   a private mount namespace (root only: the sandbox uid may not reach them), drop the uid.
 - Limits: ``confinement.confine`` (a cgroup where the host has one, else rlimits with a
   one-line warning, logged once per backend).
@@ -27,36 +27,35 @@ the same way a container is (docs/bwrap.md):
   socket again and reopens its cgroup (``confinement.reopen``).
 - Stop leaves nothing: SIGTERM the gateway, grace, SIGKILL the sandbox's pid 1 (the kernel
   then kills every process of its pid namespace), remove the cgroup, the runtime directory.
+
+This module holds the sandbox and backend classes, on top of the two below it:
+``bwrap_launch.py`` (how the bwrap child is launched: ``Launch.preexec``, the interpreter
+binds) and ``bwrap_owned.py`` (which sandboxes exist on the host and whose, finding one and
+killing it); neither imports this one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import hashlib
-import json
 import logging
 import os
 import secrets
 import shutil
-import signal
-import stat
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.file_modes import user_umask
-from orchestrator.procs import ChildProcess, ChildStartError, pid_alive, start_child
+from orchestrator.procs import ChildProcess, ChildStartError, start_child
 from orchestrator.sandbox import proctree
 from orchestrator.sandbox.base import (
     SANDBOX_LOG_TAIL_LINES,
-    ResourceLimits,
     SandboxBackend,
     SandboxInfo,
     SandboxRef,
@@ -77,38 +76,63 @@ from orchestrator.sandbox.bwrap_argv import (
     present_etc_files,
     staged,
 )
+from orchestrator.sandbox.bwrap_launch import (
+    Launch,
+    interpreter_binds,
+    orchestrator_dirs_under,
+    pipe_with,
+)
+from orchestrator.sandbox.bwrap_owned import (
+    CONFINEMENT_FILE_NAME,
+    INFO_FILE_NAME,
+    RUNTIME_DIR_PREFIX,
+    find_bwrap,
+    find_init,
+    kill_sandbox,
+    own_runtime_dir,
+    owned_sandboxes,
+    owner_mark,
+    read_info,
+    runtime_base,
+    sweep_stale,
+    wait_gone,
+)
+from orchestrator.sandbox.bwrap_probe import BWRAP_PROGRAM
 from orchestrator.sandbox.confined import (
     CONTAINER_HOME,
     CONTAINER_SOCKET_DIR,
     GATEWAY_HOST_URL,
-    GATEWAY_MODULE,
-    GATEWAY_SOCKET,
-    KERNEL_BASE_ENV,
     NATS_SOCKET,
     OUTPUTS_DIR_MODE,
     SNAPSHOT_DIR_MODE,
     SOCKET_DIR_MODE,
+    SOCKET_SUBDIR,
+    ConfinedPolicy,
+    gateway_client,
     gateway_command,
+    gateway_url,
     nats_target,
     outputs_dir,
     session_env,
     skill_mounts,
+    start_kernel,
 )
 from orchestrator.sandbox.confinement import Confinement, confine, reopen
 from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
-from orchestrator.sandbox.docker_user import container_user, workspace_problem
+from orchestrator.sandbox.docker_user import ROOT_UID, container_user
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
 from orchestrator.sandbox.local import (
     LOG_TAIL_READ_BYTES,
     OWNER_ENV,
     SOURCE_ROOT,
     AdoptedGateway,
+    check_spec,
     read_ready_line,
     tail_text,
 )
-from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.sandbox.relay import serve_unix_to_tcp
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 from orchestrator.settings import (
@@ -125,62 +149,30 @@ from orchestrator.settings import (
 
 __all__ = [
     "BACKEND_NAME",
-    "CONFINEMENT_FILE_NAME",
     "DEFAULT_CPUS",
     "DEFAULT_MEMORY_BYTES",
     "DEFAULT_PIDS_LIMIT",
     "BwrapBackend",
     "BwrapSandbox",
     "bwrap_path",
-    "owned_sandboxes",
-    "owner_mark",
-    "sweep_stale",
 ]
 
 log = logging.getLogger(__name__)
 
 BACKEND_NAME: Final = "bwrap"
-BWRAP_PROGRAM: Final = "bwrap"
 DEFAULT_MEMORY_BYTES: Final = SANDBOX_MEMORY_MIB * 1024**2
 DEFAULT_CPUS: Final = SANDBOX_CPUS
 DEFAULT_PIDS_LIMIT: Final = SANDBOX_PIDS_LIMIT
 TOKEN_BYTES: Final = 32
-RUNTIME_DIR_PREFIX: Final = "prime-agent-bwr-"
-# The runtime dirs' parent when the temp dir is closed to the sandbox's user (``runtime_base``).
-FALLBACK_RUNTIME_BASE: Final = Path("/tmp")
 # Searchable, not listable: the unprivileged bwrap reaches its socket, outputs and stage dirs
 # by name; the private files in it (info, log, limits record) are 0600.
 RUNTIME_DIR_MODE: Final = 0o711
 STAGE_DIR_MODE: Final = 0o755
 PRIVATE_FILE_MODE: Final = 0o600
-SOCKET_SUBDIR: Final = "sock"
 GATEWAY_LOG_NAME: Final = "gateway.log"
-INFO_FILE_NAME: Final = "info.json"  # bwrap --info-fd: {"child-pid": host pid of pid 1}
-CONFINEMENT_FILE_NAME: Final = "confinement.json"
-INFO_CHILD_PID_KEY: Final = "child-pid"
 DEFAULT_LANG: Final = "C.UTF-8"
 SYSTEM_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
-USR_PREFIX: Final = "/usr"
-ROOT_UID: Final = 0
-STOP_POLL_S: Final = 0.02
 POOL_SESSION_ID: Final = "pool"
-OWNER_MARK_PREFIX: Final = "bwrap:"
-OWNER_MARK_HEX: Final = 32
-
-# Linux mount(2)/unshare(2) flags (<sys/mount.h>, <sched.h>) for the root-only bind staging.
-CLONE_NEWNS: Final = 0x00020000
-MS_BIND: Final = 4096
-MS_REC: Final = 16384
-MS_SLAVE: Final = 1 << 19
-
-
-def owner_mark(owner: str) -> str:
-    """The value of ``OWNER_ENV`` on a bwrap process of the daemon on socket ``owner``.
-
-    A digest, not the path: the sandbox's pid 1 is a fork of bwrap, so its environment (and
-    with it the mark) can be read from inside (``/proc/1/environ``). It also keeps the local
-    backend's scan (``local.owned_gateways``, the raw path) from taking a bwrap for its own."""
-    return OWNER_MARK_PREFIX + hashlib.sha256(owner.encode()).hexdigest()[:OWNER_MARK_HEX]
 
 
 def bwrap_path() -> str | None:
@@ -191,261 +183,10 @@ def bwrap_path() -> str | None:
     return found
 
 
-def _under(path: Path, root: Path) -> bool:
-    return path != root and path.is_relative_to(root)
-
-
-def interpreter_binds() -> list[Bind]:
-    """Our interpreter environment, read-only at its own paths: the venv (``sys.prefix``),
-    the base installation when it is not under /usr, and the orchestrator package."""
-    paths = [Path(sys.prefix).resolve()]
-    base = Path(sys.base_prefix).resolve()
-    if base not in paths and not (base == Path(USR_PREFIX) or _under(base, Path(USR_PREFIX))):
-        paths.append(base)
-    package = Path(SOURCE_ROOT) / "orchestrator"
-    if not any(package == p or _under(package, p) for p in paths):
-        paths.append(package)
-    return [Bind(str(p), str(p)) for p in paths]
-
-
-def _orchestrator_dirs() -> list[Path]:
-    """The orchestrator's config, data, cache and runtime directories (never visible)."""
-    from orchestrator.paths import Paths
-
-    paths = Paths.from_env()
-    return [paths.config_dir, paths.data_dir, paths.cache_dir, paths.runtime_dir]
-
-
-def _pipe_with(text: str) -> int:
-    """A pipe's read end holding ``text`` (small: it fits the pipe buffer) for --ro-bind-data."""
-    read_fd, write_fd = os.pipe()
-    try:
-        os.write(write_fd, text.encode())
-    finally:
-        os.close(write_fd)
-    return read_fd
-
-
-@dataclass
-class _Launch:
-    """What the bwrap child needs between fork and exec, prepared before the fork (the preexec
-    builds no object and no string: os and libc calls only)."""
-
-    confinement: Confinement | None
-    stage: list[tuple[bytes, bytes]]  # (host source, mount point): root only
-    uid: int | None  # drop to this uid:gid (root only); None = stay who we are
-    gid: int
-
-    def __post_init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._unshare = libc.unshare
-        self._mount = libc.mount
-
-    def _check(self, result: int, what: str) -> None:
-        if result != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-    def preexec(self) -> None:
-        if self.confinement is not None:
-            self.confinement.preexec()  # join the cgroup, set rlimits: still privileged
-        if self.stage:
-            # A private mount namespace of this one process (and so of the sandbox made from
-            # it): the sources appear at mount points the sandbox uid can reach. Slave, so
-            # nothing we mount here propagates back to the host.
-            self._check(self._unshare(CLONE_NEWNS), "unshare")
-            self._check(self._mount(None, b"/", None, MS_REC | MS_SLAVE, None), "mount")
-            for source, point in self.stage:
-                self._check(self._mount(source, point, None, MS_BIND | MS_REC, None), "bind")
-        if self.uid is not None:
-            os.setgroups([])
-            os.setgid(self.gid)
-            os.setuid(self.uid)
-
-
-def _read_info(runtime_dir: Path) -> int | None:
-    """The host pid of the sandbox's pid 1 from bwrap's --info-fd file, None until written."""
-    try:
-        info = json.loads((runtime_dir / INFO_FILE_NAME).read_text())
-        return int(info[INFO_CHILD_PID_KEY])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def runtime_base() -> Path:
-    """Where this process puts its sandboxes' runtime dirs: the temp dir, unless we are root and
-    some directory on its path is closed to other users (a private ``TMPDIR`` such as
-    pam_tmpdir's ``/tmp/user/0``, or the bench's 0700 temp dir); the unprivileged bwrap opens its
-    socket, outputs and stage dirs by path, so it must be able to pass through every ancestor.
-    Then ``FALLBACK_RUNTIME_BASE`` (world-searchable and sticky on every Linux)."""
-    temp = Path(tempfile.gettempdir()).resolve()
-    if os.getuid() != ROOT_UID or _searchable_by_everyone(temp):
-        return temp
-    return FALLBACK_RUNTIME_BASE
-
-
-def _searchable_by_everyone(path: Path) -> bool:
-    for directory in (path, *path.parents):
-        try:
-            if not directory.stat().st_mode & stat.S_IXOTH:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def _own_runtime_dir(recorded: str) -> Path | None:
-    """``recorded`` when it is one of our runtime dirs (a direct child of ``runtime_base()``
-    with our prefix), else None: a path read back from the database is never removed blindly."""
-    if not recorded:
-        return None
-    path = Path(recorded)
-    if path.parent.resolve() != runtime_base() or not path.name.startswith(RUNTIME_DIR_PREFIX):
-        return None
-    return path
-
-
-def _cmdline(pid: int) -> list[bytes] | None:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return None
-
-
-def _find_bwrap(pid: int, runtime_dir: Path) -> proctree.ProcInfo | None:
-    """The recorded bwrap process if it still runs and is that very one: bwrap running our
-    gateway module with ``runtime_dir``'s outputs directory on its command line, leading its
-    own process group (a reused pid is never signalled)."""
-    info = proctree.read_proc(pid)
-    if info is None or info.state == "Z" or info.pgid != pid:
-        return None
-    argv = _cmdline(pid)
-    if argv is None or GATEWAY_MODULE.encode() not in argv:
-        return None
-    if str(outputs_dir(runtime_dir)).encode() not in argv:
-        return None
-    return info
-
-
-def _find_init(runtime_dir: Path) -> proctree.ProcInfo | None:
-    """The sandbox's pid 1 named in ``runtime_dir``'s info file, if that process still runs
-    and is that sandbox's (a fork of its bwrap: the same command line); it may outlive bwrap
-    itself (killed by a signal) when the sandbox was not started to die with it."""
-    init_pid = _read_info(runtime_dir)
-    return _find_bwrap(init_pid, runtime_dir) if init_pid is not None else None
-
-
-def _runtime_dir_of(argv: list[bytes]) -> str | None:
-    """The runtime dir named on a bwrap command line (the parent of its outputs bind)."""
-    temp = str(runtime_base())
-    for arg in argv:
-        path = Path(os.fsdecode(arg))
-        parent = path.parent
-        ours = parent.name.startswith(RUNTIME_DIR_PREFIX) and str(parent.parent) == temp
-        if ours and path == outputs_dir(parent):
-            return str(parent)
-    return None
-
-
-def owned_sandboxes(owner: str) -> list[tuple[proctree.ProcInfo, str]]:
-    """Running bwrap sandboxes whose bwrap process carries ``OWNER_ENV=owner`` in its
-    environment, with their runtime dirs (``remove_unknown``, ``prime-agent doctor``)."""
-    marker = f"{OWNER_ENV}={owner_mark(owner)}".encode()
-    found = []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not name.isdigit():
-            continue
-        argv = _cmdline(int(name))
-        if not argv or GATEWAY_MODULE.encode() not in argv:
-            continue
-        if os.path.basename(os.fsdecode(argv[0])) != BWRAP_PROGRAM:
-            continue
-        try:
-            if marker not in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                continue
-        except OSError:
-            continue
-        runtime_dir = _runtime_dir_of(argv)
-        info = proctree.read_proc(int(name))
-        if runtime_dir and info is not None and info.state != "Z" and info.pgid == info.pid:
-            found.append((info, runtime_dir))
-    # The sandbox's pid 1 is a fork of bwrap (same command line and environment): only the
-    # bwrap process started by the daemon counts.
-    pids = {info.pid for info, _ in found}
-    return [(info, runtime_dir) for info, runtime_dir in found if info.ppid not in pids]
-
-
-def _running_runtime_dirs() -> set[str]:
-    """The runtime dirs of every bwrap sandbox running now (from their command lines)."""
-    found = set()
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if name.isdigit():
-            argv = _cmdline(int(name))
-            if argv and GATEWAY_MODULE.encode() in argv:
-                runtime_dir = _runtime_dir_of(argv)
-                if runtime_dir is not None:
-                    found.add(runtime_dir)
-    return found
-
-
-def sweep_stale() -> int:
-    """Remove what dead sandboxes of this user left: a runtime dir whose sandbox's pid 1 is
-    gone and that no running bwrap names (a ``die_with_parent`` sandbox dies with its owner,
-    and nobody is left to remove its directory and cgroup), with its cgroup. Returns how many.
-
-    A directory still being set up has no pid 1 recorded yet and is never touched."""
-    temp = runtime_base()
-    running = _running_runtime_dirs()
-    removed = 0
-    for path in temp.glob(f"{RUNTIME_DIR_PREFIX}*"):
-        try:
-            if path.is_symlink() or path.stat().st_uid != os.geteuid():
-                continue
-        except OSError:
-            continue
-        init_pid = _read_info(path)
-        if init_pid is None or str(path) in running or pid_alive(init_pid):
-            continue
-        record = None
-        with contextlib.suppress(OSError):
-            record = reopen((path / CONFINEMENT_FILE_NAME).read_text())
-        if record is not None:
-            record.remove()
-        shutil.rmtree(path, ignore_errors=True)
-        removed += 1
-    return removed
-
-
-async def _wait_gone(info: proctree.ProcInfo, timeout_s: float) -> bool:
-    """Poll until ``info``'s process is gone (it is not our child); whether it went."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while proctree.is_running(info):
-        if loop.time() >= deadline:
-            return False
-        await asyncio.sleep(STOP_POLL_S)
-    return True
-
-
-async def _kill_sandbox(init: proctree.ProcInfo | None, grace_s: float) -> None:
-    """SIGTERM the gateway (pid 1's child: it stops its kernel and sweeps), then SIGKILL the
-    sandbox's pid 1 once the grace is over: the kernel kills every process of the pid
-    namespace with it, so nothing started inside survives."""
-    if init is None or not proctree.is_running(init):
-        return
-    for child in proctree.children(init.pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(child.pid, signal.SIGTERM)
-    if not await _wait_gone(init, grace_s):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(init.pid, signal.SIGKILL)
-        await _wait_gone(init, grace_s)
-
-
 async def _wait_exit(child: ChildProcess | AdoptedGateway, timeout_s: float) -> None:
     """Wait up to ``timeout_s`` for the bwrap process to exit by itself."""
     if isinstance(child, AdoptedGateway):
-        await _wait_gone(child.info, timeout_s)
+        await wait_gone(child.info, timeout_s)
         return
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
@@ -553,26 +294,19 @@ class BwrapSandbox(GatewaySandbox):
                     os.close(fd)
             self.child = child
             log_path.chmod(PRIVATE_FILE_MODE)
-            url = f"{GATEWAY_HOST_URL} (unix:{self.socket_dir / GATEWAY_SOCKET})"
+            url = gateway_url(self.socket_dir)
             await self._record(self._ref(url, ""))
             child.ready = await read_ready_line(child, log_path, backend.start_timeout_s)
         except ChildStartError as exc:
             raise SandboxStartError(str(exc)) from exc
         booted = time.monotonic()
-        init_pid = _read_info(runtime_dir)
+        init_pid = read_info(runtime_dir)
         self.init = proctree.read_proc(init_pid) if init_pid is not None else None
-        client = KernelGatewayClient(
-            GATEWAY_HOST_URL, self.token, uds=str(self.socket_dir / GATEWAY_SOCKET)
-        )
+        client = gateway_client(self.socket_dir, self.token)
         self.client = client
         client.on_restart = self._setup
         async with asyncio.timeout(backend.start_timeout_s):
-            await client.start_kernel(
-                env={**KERNEL_BASE_ENV, **self._session_env()},
-                path=str(spec.cwd).lstrip("/"),
-            )
-            await client.connect()
-            await client.wait_ready()
+            await start_kernel(client, spec.cwd, self._session_env())
             await self._setup()
         self.ref = self._ref(url, client.kernel_id)
         await self._record(self.ref)
@@ -616,7 +350,7 @@ class BwrapSandbox(GatewaySandbox):
 
     def _plan(
         self, runtime_dir: Path, *, uid: int, gid: int, root: bool
-    ) -> tuple[list[str], _Launch, list[int]]:
+    ) -> tuple[list[str], Launch, list[int]]:
         """bwrap's command line, the child's launch steps and the fds it inherits."""
         backend = self.backend
         spec = self.spec
@@ -636,7 +370,7 @@ class BwrapSandbox(GatewaySandbox):
             binds.append(Bind(str(directory), inside))
         # Over the workspace: read-only even where the workspace contains them.
         binds += interpreter_binds()
-        hidden = tuple(str(d) for d in _orchestrator_dirs() if _under(d, spec.cwd))
+        hidden = orchestrator_dirs_under(spec.cwd)
         stage: list[tuple[str, str]] = []
         if root:
             stage_root = runtime_dir / BIND_STAGE_DIR
@@ -656,7 +390,7 @@ class BwrapSandbox(GatewaySandbox):
         data_files = []
         try:
             for dest, text in data.items():
-                fd = _pipe_with(text)
+                fd = pipe_with(text)
                 fds.append(fd)
                 data_files.append(DataFile(fd, dest))
             info_fd = os.open(
@@ -688,7 +422,7 @@ class BwrapSandbox(GatewaySandbox):
         bwrap = backend.bwrap
         prefix = self.confinement.argv_prefix if self.confinement is not None else ()
         argv = [*prefix, *bwrap_argv(bwrap, plan)]
-        launch = _Launch(
+        launch = Launch(
             confinement=self.confinement,
             stage=[(os.fsencode(s), os.fsencode(p)) for s, p in stage],
             uid=uid if root else None,
@@ -699,16 +433,9 @@ class BwrapSandbox(GatewaySandbox):
     async def _setup(self) -> None:
         """Put the session's cwd and env in place (after every kernel start and restart)."""
         assert self.client is not None
-        code = (
-            "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
-            f"{str(self.spec.cwd)!r}, {self._session_env()!r})"
-        )
-        reply = await self.client.run_silent(
-            code, user_expressions={"pid": "__import__('os').getpid()"}
-        )
-        pid = reply.get("user_expressions", {}).get("pid", {})
-        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-            self.kernel_pid = int(pid["data"]["text/plain"])
+        pid = await apply_session(self.client, self.spec.cwd, self._session_env())
+        if pid is not None:
+            self.kernel_pid = pid
         if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
             await self.after_kernel_start(self.client.run_silent)
 
@@ -771,8 +498,8 @@ class BwrapSandbox(GatewaySandbox):
             with contextlib.suppress(Exception):
                 await client.close()
         if self.init is None and self.child is not None and self.runtime_dir is not None:
-            self.init = _find_init(self.runtime_dir)  # a start that failed before reading it
-        await _kill_sandbox(self.init, PROCESS_STOP_GRACE_S)
+            self.init = find_init(self.runtime_dir)  # a start that failed before reading it
+        await kill_sandbox(self.init, PROCESS_STOP_GRACE_S)
         child = self.child
         if child is not None:
             # bwrap itself exits once it has reaped pid 1; signalled before that, it would
@@ -805,8 +532,9 @@ class BwrapSandbox(GatewaySandbox):
         )
 
 
-class BwrapBackend(SandboxBackend):
-    """Starts ``BwrapSandbox``es (no warm pool yet: ``pool_size`` is accepted and unused)."""
+class BwrapBackend(ConfinedPolicy, SandboxBackend):
+    """Starts ``BwrapSandbox``es (no warm pool yet: ``pool_size`` is accepted and unused).
+    A session's policy (its spec's, else this backend's) is ``confined.ConfinedPolicy``."""
 
     name = BACKEND_NAME
 
@@ -871,41 +599,17 @@ class BwrapBackend(SandboxBackend):
             )
         return self._bwrap
 
-    # --- a session's policy: its spec's, else this backend's --------------------------------
-
-    def workspace_for(self, spec: SandboxSpec) -> WorkspaceMode:
-        return spec.workspace or self.workspace_mode
-
-    def limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
-        return spec.limits.over(default) if spec.limits is not None else default
-
-    def network_for(self, spec: SandboxSpec) -> bool:
-        return self.network if spec.network is None else spec.network
-
     def _warn_once(self, warning: str) -> None:
         if warning and warning not in self._warned:
             self._warned.add(warning)
             log.warning("%s", warning)
-
-    def check_workspace(self, spec: SandboxSpec) -> None:
-        """``SandboxStartError`` in one line when the sandbox's user cannot enter the
-        workspace: what to do instead (docker_user.workspace_problem)."""
-        uid, gid = container_user(spec.cwd)
-        problem = workspace_problem(spec.cwd, uid, gid, self.workspace_for(spec))
-        if problem is not None:
-            raise SandboxStartError(problem)
 
     # --- SandboxBackend ---------------------------------------------------------------------
 
     async def create(self, spec: SandboxSpec) -> BwrapSandbox:
         if self._closed:
             raise SandboxError("backend is closed")
-        if not spec.cwd.is_dir():
-            raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
-        for name, value in spec.env.items():
-            if not name or "=" in name or "\0" in name or "\0" in value:
-                raise SandboxStartError(f"invalid environment variable name or value: {name!r}")
+        check_spec(spec)
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         self.bwrap  # noqa: B018 - one clear line when bubblewrap is missing
         self.check_workspace(spec)
@@ -961,15 +665,15 @@ class BwrapBackend(SandboxBackend):
         old daemon) and its limits are reopened. A cell still running is interrupted."""
         if self._closed:
             raise SandboxError("backend is closed")
-        runtime_dir = _own_runtime_dir(ref.runtime_dir)
-        info = _find_bwrap(int(ref.ref), runtime_dir) if runtime_dir and ref.ref.isdigit() else None
+        runtime_dir = own_runtime_dir(ref.runtime_dir)
+        info = find_bwrap(int(ref.ref), runtime_dir) if runtime_dir and ref.ref.isdigit() else None
         if runtime_dir is None or info is None:
             raise SandboxError(f"bwrap sandbox {ref.ref} is gone")
         sandbox = BwrapSandbox(self, spec)
         sandbox.runtime_dir = runtime_dir
         sandbox.token = ref.token
         sandbox.child = AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME)
-        sandbox.init = _find_init(runtime_dir)
+        sandbox.init = find_init(runtime_dir)
         with contextlib.suppress(OSError):
             sandbox.confinement = reopen((runtime_dir / CONFINEMENT_FILE_NAME).read_text())
         if spec.snapshot_dir is not None:
@@ -978,23 +682,19 @@ class BwrapBackend(SandboxBackend):
             sandbox._relay = await serve_unix_to_tcp(
                 sandbox.socket_dir / NATS_SOCKET, lambda: sandbox._nats
             )
-        client = KernelGatewayClient(
-            GATEWAY_HOST_URL, ref.token, uds=str(sandbox.socket_dir / GATEWAY_SOCKET)
-        )
+        client = gateway_client(sandbox.socket_dir, ref.token)
         try:
-            async with asyncio.timeout(self.start_timeout_s):
-                interrupted = await reattach(
-                    client,
-                    ref.kernel_id,
-                    interrupt_grace_s=self.interrupt_grace_s,
-                    ready_timeout_s=self.start_timeout_s,
-                )
-        except (SandboxError, TimeoutError) as exc:
-            with contextlib.suppress(Exception):
-                await client.close()
+            interrupted = await reattach_within(
+                client,
+                ref.kernel_id,
+                what=f"bwrap sandbox {ref.ref}",
+                interrupt_grace_s=self.interrupt_grace_s,
+                timeout_s=self.start_timeout_s,
+            )
+        except SandboxError:  # reattach_within closed the client; the relay goes too
             if sandbox._relay is not None:
                 sandbox._relay.close()
-            raise SandboxError(f"bwrap sandbox {ref.ref} could not be adopted: {exc!r}") from exc
+            raise
         sandbox.client = client
         client.on_restart = sandbox._setup
         sandbox.ref = replace(ref, session_id=spec.session_id)
@@ -1012,14 +712,14 @@ class BwrapBackend(SandboxBackend):
     async def remove(self, ref: SandboxRef) -> None:
         """Stop a recorded sandbox that is not adopted (only if it is still that very bwrap
         process), remove its cgroup and its runtime dir."""
-        runtime_dir = _own_runtime_dir(ref.runtime_dir)
+        runtime_dir = own_runtime_dir(ref.runtime_dir)
         if runtime_dir is None:
             return
-        info = _find_bwrap(int(ref.ref), runtime_dir) if ref.ref.isdigit() else None
-        init = _find_init(runtime_dir)  # also when bwrap itself is gone
-        await _kill_sandbox(init, PROCESS_STOP_GRACE_S)
+        info = find_bwrap(int(ref.ref), runtime_dir) if ref.ref.isdigit() else None
+        init = find_init(runtime_dir)  # also when bwrap itself is gone
+        await kill_sandbox(init, PROCESS_STOP_GRACE_S)
         if info is not None:
-            await _wait_gone(info, PROCESS_STOP_GRACE_S)
+            await wait_gone(info, PROCESS_STOP_GRACE_S)
             await AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME).stop(PROCESS_STOP_GRACE_S)
         confinement = None
         with contextlib.suppress(OSError):

@@ -5,7 +5,9 @@ host directory bound at ``CONTAINER_SOCKET_DIR``, and NATS goes through the in-s
 (127.0.0.1:``CONTAINER_NATS_PORT`` inside -> ``NATS_SOCKET`` -> the host's NATS). Cell outputs
 live in the sandbox's own host directory, bound at the same path inside; skills are bound
 read-only under ``CONTAINER_SKILLS_DIR``. These are the paths and helpers both backends use
-(docker_run.py re-exports them for the docker side); nothing here imports a backend.
+(docker_run.py re-exports them for the docker side), how the host reaches the gateway
+(``gateway_client``, ``start_kernel``), and ``ConfinedPolicy``, the session policy both
+backends apply; nothing here imports a backend.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from urllib.parse import urlsplit
 
 from orchestrator.errors import SandboxStartError
 from orchestrator.runtime.wire import ENV_NATS_URL
-from orchestrator.sandbox.base import SandboxSpec, checked_skill_dirs, with_import_path
+from orchestrator.sandbox.base import (
+    ResourceLimits,
+    SandboxSpec,
+    WorkspaceMode,
+    checked_skill_dirs,
+    with_import_path,
+)
+from orchestrator.sandbox.docker_user import container_user, workspace_problem
+from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.output import ARTIFACT_SUBDIR
 
 __all__ = [
@@ -34,13 +44,18 @@ __all__ = [
     "OUTPUTS_DIR_MODE",
     "SNAPSHOT_DIR_MODE",
     "SOCKET_DIR_MODE",
+    "SOCKET_SUBDIR",
+    "ConfinedPolicy",
     "container_env",
+    "gateway_client",
     "gateway_command",
+    "gateway_url",
     "nats_target",
     "outputs_dir",
     "session_env",
     "skill_mount_point",
     "skill_mounts",
+    "start_kernel",
 ]
 
 # Inside the sandbox (images/session/Dockerfile; the bwrap backend builds the same layout).
@@ -54,6 +69,9 @@ GATEWAY_MODULE: Final = "orchestrator.sandbox.gateway_main"
 GATEWAY_SOCKET: Final = "gateway.sock"
 NATS_SOCKET: Final = "nats.sock"
 GATEWAY_HOST_URL: Final = "http://localhost"  # Host header only: requests travel over the socket
+# On the host: the sandbox's socket directory (gateway.sock, nats.sock) in its runtime dir,
+# bound at CONTAINER_SOCKET_DIR.
+SOCKET_SUBDIR: Final = "sock"
 KERNEL_BASE_ENV: Final = {
     "HOME": CONTAINER_HOME,
     "LANG": "C.UTF-8",
@@ -84,6 +102,24 @@ def gateway_command(python: str, env_names: list[str] | tuple[str, ...]) -> list
     for name in sorted(env_names):
         command += ["--env-allow", name]
     return command
+
+
+def gateway_client(socket_dir: Path, token: str) -> KernelGatewayClient:
+    """The host's client of the gateway listening on ``GATEWAY_SOCKET`` in ``socket_dir``."""
+    return KernelGatewayClient(GATEWAY_HOST_URL, token, uds=str(socket_dir / GATEWAY_SOCKET))
+
+
+def gateway_url(socket_dir: Path) -> str:
+    """That gateway as a ``SandboxRef`` names it: the URL and the socket it travels over."""
+    return f"{GATEWAY_HOST_URL} (unix:{socket_dir / GATEWAY_SOCKET})"
+
+
+async def start_kernel(client: KernelGatewayClient, cwd: Path, env: Mapping[str, str]) -> None:
+    """Start the sandbox's kernel in ``cwd`` with ``KERNEL_BASE_ENV`` and the session's ``env``
+    over it (the gateway's kernels are rooted at "/"), connect, and wait until it answers."""
+    await client.start_kernel(env={**KERNEL_BASE_ENV, **env}, path=str(cwd).lstrip("/"))
+    await client.connect()
+    await client.wait_ready()
 
 
 def nats_target(env: Mapping[str, str]) -> tuple[str, int] | None:
@@ -135,3 +171,35 @@ def session_env(spec: SandboxSpec, *, relayed: bool = True) -> dict[str, str]:
     entries = [skill_mount_point(directory) for directory in spec.skill_dirs]
     env = container_env(spec.env) if relayed else dict(spec.env)
     return with_import_path(env, entries)
+
+
+class ConfinedPolicy:
+    """A confined backend's policy for one session: the spec's own choice where it makes one,
+    else the backend's defaults (workspace mode, limits, network); and whether the sandbox's
+    user can enter the workspace at all. ``DockerBackend`` and ``BwrapBackend`` set the
+    defaults in their ``__init__``."""
+
+    workspace_mode: WorkspaceMode
+    memory_bytes: int
+    cpus: float
+    pids_limit: int
+    network: bool
+
+    def workspace_for(self, spec: SandboxSpec) -> WorkspaceMode:
+        return spec.workspace or self.workspace_mode
+
+    def limits_for(self, spec: SandboxSpec) -> ResourceLimits:
+        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
+        return spec.limits.over(default) if spec.limits is not None else default
+
+    def network_for(self, spec: SandboxSpec) -> bool:
+        return self.network if spec.network is None else spec.network
+
+    def check_workspace(self, spec: SandboxSpec) -> None:
+        """``SandboxStartError`` in one line when the sandbox's user cannot enter the
+        workspace (it would fail deep in the gateway): what to do instead
+        (``docker_user.workspace_problem``)."""
+        uid, gid = container_user(spec.cwd)
+        problem = workspace_problem(spec.cwd, uid, gid, self.workspace_for(spec))
+        if problem is not None:
+            raise SandboxStartError(problem)

@@ -53,6 +53,12 @@ from orchestrator.sandbox.base import (
     WorkspaceMode,
     checked_skill_dirs,
 )
+from orchestrator.sandbox.confined import (
+    ConfinedPolicy,
+    gateway_client,
+    gateway_url,
+    start_kernel,
+)
 from orchestrator.sandbox.docker_adopt import reattach_container, remove_recorded, remove_unknown
 from orchestrator.sandbox.docker_info import container_info
 from orchestrator.sandbox.docker_owned import (
@@ -78,7 +84,6 @@ from orchestrator.sandbox.docker_owned import (
 from orchestrator.sandbox.docker_run import (
     GATEWAY_HOST_URL,
     GATEWAY_SOCKET,
-    KERNEL_BASE_ENV,
     NATS_SOCKET,
     RUNTIME_DIR_PREFIX,
     SOCKET_DIR_MODE,
@@ -95,8 +100,9 @@ from orchestrator.sandbox.docker_slots import (
     remove_slot,
     sweep_slots,
 )
-from orchestrator.sandbox.docker_user import container_user, workspace_problem
+from orchestrator.sandbox.docker_user import container_user
 from orchestrator.sandbox.gateway import KernelGatewayClient
+from orchestrator.sandbox.gateway_sandbox import apply_session
 from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, resolve_image
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.pool import WarmPool
@@ -225,7 +231,7 @@ class DockerSandbox(Sandbox):
             raise
         if request.snapshots is not None:  # mounted at the fixed path (docs/snapshots.md)
             self.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
-        url = f"{GATEWAY_HOST_URL} (unix:{socket_dir / GATEWAY_SOCKET})"
+        url = gateway_url(socket_dir)
         await self._record(
             SandboxRef(
                 BACKEND_NAME,
@@ -238,17 +244,10 @@ class DockerSandbox(Sandbox):
             )
         )
         booted_at = await self._wait_gateway(socket_dir / GATEWAY_SOCKET)
-        client = KernelGatewayClient(
-            GATEWAY_HOST_URL, self.token, uds=str(socket_dir / GATEWAY_SOCKET)
-        )
+        client = gateway_client(socket_dir, self.token)
         self.client = client
         client.on_restart = self._setup
-        await client.start_kernel(
-            env={**KERNEL_BASE_ENV, **session_env(self.spec)},
-            path=str(self.spec.cwd).lstrip("/"),
-        )
-        await client.connect()
-        await client.wait_ready()
+        await start_kernel(client, self.spec.cwd, session_env(self.spec))
         await self._setup()
         self.ref = SandboxRef(
             backend=BACKEND_NAME,
@@ -434,17 +433,9 @@ class DockerSandbox(Sandbox):
 
     async def _setup(self) -> None:
         assert self.client is not None
-        env = session_env(self.spec)
-        code = (
-            "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
-            f"{str(self.spec.cwd)!r}, {env!r})"
-        )
-        reply = await self.client.run_silent(
-            code, user_expressions={"pid": "__import__('os').getpid()"}
-        )
-        pid = reply.get("user_expressions", {}).get("pid", {})
-        with contextlib.suppress(ValueError, TypeError, AttributeError, KeyError):
-            self.kernel_pid = int(pid["data"]["text/plain"])
+        pid = await apply_session(self.client, self.spec.cwd, session_env(self.spec))
+        if pid is not None:
+            self.kernel_pid = pid
         if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
             await self.after_kernel_start(self.client.run_silent)
 
@@ -611,7 +602,7 @@ class DockerSandbox(Sandbox):
             await asyncio.to_thread(finish_copy, copy)
 
 
-class DockerBackend(SandboxBackend):
+class DockerBackend(ConfinedPolicy, SandboxBackend):
     """Starts ``DockerSandbox``es from ``image``; a warm pool of idle containers for the
     workspace most recently used (a container's mounts are fixed at creation, so a pooled one
     only fits a session with that same cwd: the usual case for a root and its subagents). Its
@@ -692,19 +683,10 @@ class DockerBackend(SandboxBackend):
         )
 
     # --- a session's policy: its spec's, else this backend's --------------------------------
+    # (workspace_for, limits_for, network_for, check_workspace: confined.ConfinedPolicy)
 
     def image_for(self, spec: SandboxSpec) -> str:
         return resolve_image(spec.image) if spec.image else self.image
-
-    def workspace_for(self, spec: SandboxSpec) -> WorkspaceMode:
-        return spec.workspace or self.workspace_mode
-
-    def limits_for(self, spec: SandboxSpec) -> ResourceLimits:
-        default = ResourceLimits(self.memory_bytes, self.cpus, self.pids_limit)
-        return spec.limits.over(default) if spec.limits is not None else default
-
-    def network_for(self, spec: SandboxSpec) -> bool:
-        return self.network if spec.network is None else spec.network
 
     def _pool_key(self, spec: SandboxSpec) -> tuple[Path, Path | None]:
         """(workspace, snapshots root) of the pool that fits ``spec``: a spec without snapshots
@@ -727,14 +709,6 @@ class DockerBackend(SandboxBackend):
             and self.network_for(spec) == self.network
             and spec.skill_dirs == self._pool_skills  # mounts are fixed at creation
         )
-
-    def check_workspace(self, spec: SandboxSpec) -> None:
-        """``SandboxStartError`` in one line when the container's user cannot enter the
-        workspace (it would fail deep in the gateway): what to do instead."""
-        uid, gid = container_user(spec.cwd)
-        problem = workspace_problem(spec.cwd, uid, gid, self.workspace_for(spec))
-        if problem is not None:
-            raise SandboxStartError(problem)
 
     def start_pool(
         self,

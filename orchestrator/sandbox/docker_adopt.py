@@ -24,7 +24,6 @@ nothing here imports ``docker.py``, which sits on top and calls these.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -37,6 +36,7 @@ from typing import Any, Final
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.base import SandboxRef
+from orchestrator.sandbox.confined import gateway_client
 from orchestrator.sandbox.docker_owned import (
     LABEL_INSTANCE,
     docker_errors,
@@ -44,15 +44,13 @@ from orchestrator.sandbox.docker_owned import (
     remove_containers,
 )
 from orchestrator.sandbox.docker_run import (
-    GATEWAY_HOST_URL,
-    GATEWAY_SOCKET,
     NATS_SOCKET,
     RUNTIME_DIR_PREFIX,
     SOCKET_SUBDIR,
 )
 from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.gateway import KernelGatewayClient
-from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.sandbox.relay import serve_unix_to_tcp
 
 __all__ = [
@@ -142,20 +140,18 @@ async def reattach_container(
     # The relay's host half died with the old daemon: serve nats.sock again (same path, the
     # container's end is bind-mounted) towards this session's bus.
     relay = await serve_unix_to_tcp(socket_dir / NATS_SOCKET, nats)
-    client = KernelGatewayClient(GATEWAY_HOST_URL, ref.token, uds=str(socket_dir / GATEWAY_SOCKET))
+    client = gateway_client(socket_dir, ref.token)
     try:
-        async with asyncio.timeout(start_timeout_s):
-            interrupted = await reattach(
-                client,
-                ref.kernel_id,
-                interrupt_grace_s=interrupt_grace_s,
-                ready_timeout_s=start_timeout_s,
-            )
-    except (SandboxError, TimeoutError) as exc:
-        with contextlib.suppress(Exception):
-            await client.close()
+        interrupted = await reattach_within(
+            client,
+            ref.kernel_id,
+            what=f"container {ref.ref[:12]}",
+            interrupt_grace_s=interrupt_grace_s,
+            timeout_s=start_timeout_s,
+        )
+    except SandboxError:  # reattach_within closed the client; the relay goes too
         relay.close()
-        raise SandboxError(f"container {ref.ref[:12]} could not be adopted: {exc!r}") from exc
+        raise
     snapshots_inside = CONTAINER_SNAPSHOT_DIR in mounted_at
     return ReattachedContainer(
         host_dir=host_dir,

@@ -32,6 +32,7 @@ from orchestrator.sandbox.confined import (
     OUTPUTS_DIR_MODE,
     SNAPSHOT_DIR_MODE,
     SOCKET_DIR_MODE,
+    SOCKET_SUBDIR,
     container_env,
     gateway_command,
     nats_target,
@@ -101,7 +102,6 @@ CONTAINER_PYTHON = "/opt/prime-agent/bin/python"
 # container. Its ``SOCKET_SUBDIR`` (gateway.sock, nats.sock) is mounted at CONTAINER_SOCKET_DIR;
 # its outputs directory (``outputs_dir``) at its own path.
 RUNTIME_DIR_PREFIX: Final = "prime-agent-dkr-"
-SOCKET_SUBDIR: Final = "sock"
 
 
 @dataclass(frozen=True)

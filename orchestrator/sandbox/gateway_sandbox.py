@@ -8,22 +8,58 @@ the next result. What differs is how a gone sandbox is told apart from a failing
 ``_usable`` (the client, or ``SandboxError``/``KernelDied`` before anything is sent) and
 ``_exit_status``/``_exit_message`` (a ``SandboxError`` raised mid-call becomes ``KernelDied``
 when the sandbox itself has exited).
+
+``apply_session`` is what every sandbox over a gateway runs after each kernel start and
+restart (the docker sandbox too, which handles its calls itself: it replaces a lost container).
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError
 from orchestrator.sandbox.base import CellResult, Sandbox, SandboxSpec
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 
-__all__ = ["GatewaySandbox"]
+__all__ = ["GatewaySandbox", "apply_session"]
+
+# The host's half of ``orchestrator.runtime.session_setup``: the call it runs in the kernel, and
+# the user expression that reads the kernel's pid back.
+SESSION_SETUP_CALL: Final = (
+    "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup"
+)
+KERNEL_PID_EXPRESSION: Final = "__import__('os').getpid()"
+
+
+async def apply_session(
+    client: KernelGatewayClient,
+    cwd: Path,
+    env: Mapping[str, str],
+    *,
+    import_path: Sequence[str] = (),
+) -> int | None:
+    """Put a session's ``cwd`` and ``env`` in place in ``client``'s kernel (after every kernel
+    start and restart: a pooled kernel started before its session was known, a restarted one
+    forgot them) and return the kernel's pid, None when the reply does not carry it.
+    ``import_path``: entries put first on ``sys.path`` where missing (a pooled kernel started
+    before its session had them on its PYTHONPATH)."""
+    code = f"{SESSION_SETUP_CALL}({str(cwd)!r}, {dict(env)!r})"
+    if import_path:
+        code = (
+            f"__import__('sys').path[:0] = [p for p in {list(import_path)!r} "
+            "if p not in __import__('sys').path]\n" + code
+        )
+    reply = await client.run_silent(code, user_expressions={"pid": KERNEL_PID_EXPRESSION})
+    pid = reply.get("user_expressions", {}).get("pid", {})
+    try:
+        return int(pid["data"]["text/plain"])
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return None
 
 
 class GatewaySandbox(Sandbox):

@@ -57,9 +57,9 @@ from orchestrator.sandbox.gateway_main import (
     DEVICE_ENV_NAMES,
     TOKEN_ENV,
 )
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
 from orchestrator.sandbox.pool import WarmPool
-from orchestrator.sandbox.reattach import reattach
+from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy, local_workspace
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
@@ -75,6 +75,7 @@ __all__ = [
     "AdoptedGateway",
     "LocalBackend",
     "LocalSandbox",
+    "check_spec",
     "gateway_env",
     "kernel_env",
     "owned_gateways",
@@ -334,22 +335,12 @@ class LocalSandbox(GatewaySandbox):
 
     async def _setup(self) -> None:
         """Put the session's cwd and env in place (after every kernel start and restart)."""
-        code = (
-            "__import__('orchestrator.runtime', fromlist=['session_setup']).session_setup("
-            f"{str(self.spec.cwd)!r}, {session_env(self.spec)!r})"
+        entries = [str(d) for d in self.spec.skill_dirs]  # a pooled kernel may lack them
+        pid = await apply_session(
+            self.client, self.spec.cwd, session_env(self.spec), import_path=entries
         )
-        entries = [str(d) for d in self.spec.skill_dirs]
-        if entries:  # a pooled kernel started before its session had them on its PYTHONPATH
-            code = (
-                f"__import__('sys').path[:0] = [p for p in {entries!r} "
-                "if p not in __import__('sys').path]\n" + code
-            )
-        reply = await self.client.run_silent(
-            code, user_expressions={"pid": "__import__('os').getpid()"}
-        )
-        pid = reply.get("user_expressions", {}).get("pid", {})
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            self.kernel_pid = int(pid["data"]["text/plain"])
+        if pid is not None:
+            self.kernel_pid = pid
         if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
             await self.after_kernel_start(self.client.run_silent)
 
@@ -459,7 +450,7 @@ class LocalBackend(SandboxBackend):
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         if self._closed:
             raise SandboxError("backend is closed")
-        _check_spec(spec)
+        check_spec(spec)
         spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
         mode = spec.workspace or self.workspace_mode
         spec, copy = await asyncio.to_thread(
@@ -501,18 +492,13 @@ class LocalBackend(SandboxBackend):
         if runtime_dir is None or info is None:
             raise SandboxError(f"gateway {ref.ref} is gone")
         client = KernelGatewayClient(ref.url, ref.token)
-        try:
-            async with asyncio.timeout(self.start_timeout_s):
-                interrupted = await reattach(
-                    client,
-                    ref.kernel_id,
-                    interrupt_grace_s=self.interrupt_grace_s,
-                    ready_timeout_s=self.start_timeout_s,
-                )
-        except (SandboxError, TimeoutError) as exc:
-            with contextlib.suppress(Exception):
-                await client.close()
-            raise SandboxError(f"gateway {ref.ref} could not be adopted: {exc!r}") from exc
+        interrupted = await reattach_within(
+            client,
+            ref.kernel_id,
+            what=f"gateway {ref.ref}",
+            interrupt_grace_s=self.interrupt_grace_s,
+            timeout_s=self.start_timeout_s,
+        )
         sandbox = LocalSandbox(
             spec=spec,
             child=AdoptedGateway(info, runtime_dir / GATEWAY_LOG_NAME),
@@ -702,7 +688,9 @@ async def read_ready_line(child: ChildProcess, log_path: Path, timeout_s: float)
         await asyncio.sleep(READY_POLL_S)
 
 
-def _check_spec(spec: SandboxSpec) -> None:
+def check_spec(spec: SandboxSpec) -> None:
+    """``SandboxStartError`` for a spec no gateway process can start with: a cwd that is not a
+    directory, an environment variable name or value that ``execve`` cannot carry."""
     if not spec.cwd.is_dir():
         raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
     for name, value in spec.env.items():

@@ -8,18 +8,21 @@ A kernel that is still **busy** ran a cell for the dead daemon. Its result has n
 (the cell already has its ``interrupted`` tool result in the history, and is never re-run) and
 the next cell would queue behind it, so it is interrupted at once. If it does not stop within
 the interrupt grace the kernel is not adopted: the caller removes the sandbox, and the
-session gets a fresh one at its next cell, like any woken session.
+session gets a fresh one at its next cell, like any woken session. ``reattach_within`` is
+what an ``adopt`` calls: all of it within the start timeout, and the client closed when it
+fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Final
 
 from orchestrator.errors import KernelDied, SandboxError
 from orchestrator.sandbox.gateway import KernelGatewayClient
 
-__all__ = ["ADOPT_POLL_S", "reattach"]
+__all__ = ["ADOPT_POLL_S", "reattach", "reattach_within"]
 
 # While waiting for an interrupted kernel to report idle (the gateway's own view of it).
 ADOPT_POLL_S: Final = 0.05
@@ -54,3 +57,26 @@ async def reattach(
     await client.connect()
     await client.wait_ready(timeout_s=ready_timeout_s)
     return busy
+
+
+async def reattach_within(
+    client: KernelGatewayClient,
+    kernel_id: str,
+    *,
+    what: str,
+    interrupt_grace_s: float,
+    timeout_s: float,
+) -> bool:
+    """``reattach`` given ``timeout_s`` in all (and as its wait for the kernel's answer).
+    Returns whether a cell was interrupted. When it fails or runs out of time, ``client`` is
+    closed and ``SandboxError`` says that ``what`` (the sandbox, as its log names it) could
+    not be adopted."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await reattach(
+                client, kernel_id, interrupt_grace_s=interrupt_grace_s, ready_timeout_s=timeout_s
+            )
+    except (SandboxError, TimeoutError) as exc:
+        with contextlib.suppress(Exception):
+            await client.close()
+        raise SandboxError(f"{what} could not be adopted: {exc!r}") from exc

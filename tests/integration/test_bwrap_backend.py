@@ -24,13 +24,8 @@ import pytest_asyncio
 from orchestrator.errors import SandboxStartError
 from orchestrator.procs import pid_alive
 from orchestrator.sandbox.base import SandboxRef, SandboxSpec, WorkspaceMode
-from orchestrator.sandbox.bwrap import (
-    CONFINEMENT_FILE_NAME,
-    BwrapBackend,
-    BwrapSandbox,
-    owned_sandboxes,
-    owner_mark,
-)
+from orchestrator.sandbox.bwrap import BwrapBackend, BwrapSandbox
+from orchestrator.sandbox.bwrap_owned import CONFINEMENT_FILE_NAME, owned_sandboxes, owner_mark
 from tests.helpers import need, wait_until
 from tests.integration.test_docker_backend import _Echo
 from tests.integration.test_sandbox_conformance import SANDBOX_UID, workspace
@@ -524,7 +519,7 @@ async def test_a_start_that_times_out_leaves_nothing(
     # The gateway needs about a second to print its ready line: a start given a tenth of that
     # gives up with the sandbox already running. It must not outlive the failed start, even
     # though it was not started to die with its owner.
-    from orchestrator.sandbox import bwrap
+    from orchestrator.sandbox import bwrap, bwrap_owned
 
     seen: dict[str, Any] = {}
     start = bwrap.BwrapSandbox.start
@@ -535,7 +530,7 @@ async def test_a_start_that_times_out_leaves_nothing(
         finally:  # before create's teardown: what ran, and where
             assert self.runtime_dir is not None and self.child is not None
             seen.update(dir=self.runtime_dir, bwrap=self.child.pid)
-            seen["init"] = bwrap._read_info(self.runtime_dir)
+            seen["init"] = bwrap_owned.read_info(self.runtime_dir)
 
     monkeypatch.setattr(bwrap.BwrapSandbox, "start", watched)
     b = BwrapBackend(start_timeout_s=0.1)

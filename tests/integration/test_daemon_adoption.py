@@ -451,8 +451,8 @@ def bwrap_here() -> None:
 
 
 def _our_bwraps() -> list[int]:
-    """bwrap sandboxes marked as this test's daemon's (orchestrator/sandbox/bwrap.py)."""
-    from orchestrator.sandbox.bwrap import owned_sandboxes
+    """bwrap sandboxes marked as this test's daemon's (orchestrator/sandbox/bwrap_owned.py)."""
+    from orchestrator.sandbox.bwrap_owned import owned_sandboxes
 
     return [info.pid for info, _ in owned_sandboxes(str(default_socket_path()))]
 
@@ -492,7 +492,8 @@ def test_bwrap_sandbox_survives_a_daemon_crash_and_is_adopted(
 def test_doctor_removes_the_bwrap_sandbox_of_a_crashed_daemon(
     daemons: None, bwrap_here: None, model: FakeModelServer, tmp_path: Path
 ) -> None:
-    from orchestrator.sandbox.bwrap import BwrapBackend, owned_sandboxes
+    from orchestrator.sandbox.bwrap import BwrapBackend
+    from orchestrator.sandbox.bwrap_owned import owned_sandboxes
 
     cwd = workspace(tmp_path / "ws")
     try:

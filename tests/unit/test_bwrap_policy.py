@@ -1,5 +1,6 @@
 """The bwrap backend's policy and bookkeeping, without starting a sandbox
-(orchestrator/sandbox/bwrap.py; the real sandboxes: tests/integration/test_bwrap_backend.py)."""
+(orchestrator/sandbox/bwrap.py, bwrap_launch.py, bwrap_owned.py; the real sandboxes:
+tests/integration/test_bwrap_backend.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import SandboxStartError
-from orchestrator.sandbox import bwrap
+from orchestrator.sandbox import bwrap, bwrap_owned
 from orchestrator.sandbox.base import ResourceLimits, SandboxSpec
-from orchestrator.sandbox.bwrap import RUNTIME_DIR_PREFIX, BwrapBackend, interpreter_binds
+from orchestrator.sandbox.bwrap import BwrapBackend
+from orchestrator.sandbox.bwrap_launch import interpreter_binds
+from orchestrator.sandbox.bwrap_owned import RUNTIME_DIR_PREFIX
 from orchestrator.settings import SandboxSettings, Settings
 
 TEMP = Path(tempfile.gettempdir())
@@ -69,19 +72,19 @@ def test_a_confinement_warning_is_logged_once_per_backend(
 
 def test_only_our_runtime_dirs_are_ever_removed() -> None:
     ours = TEMP / f"{RUNTIME_DIR_PREFIX}abc"
-    assert bwrap._own_runtime_dir(str(ours)) == ours
-    assert bwrap._own_runtime_dir("") is None
-    assert bwrap._own_runtime_dir("/home/user/project") is None
-    assert bwrap._own_runtime_dir(str(TEMP / "prime-agent-sbx-abc")) is None
-    assert bwrap._own_runtime_dir(str(ours / "outputs")) is None
+    assert bwrap_owned.own_runtime_dir(str(ours)) == ours
+    assert bwrap_owned.own_runtime_dir("") is None
+    assert bwrap_owned.own_runtime_dir("/home/user/project") is None
+    assert bwrap_owned.own_runtime_dir(str(TEMP / "prime-agent-sbx-abc")) is None
+    assert bwrap_owned.own_runtime_dir(str(ours / "outputs")) is None
 
 
 def test_the_runtime_dir_is_read_from_a_bwrap_command_line() -> None:
     ours = TEMP / f"{RUNTIME_DIR_PREFIX}abc"
     argv = [b"bwrap", b"--bind", str(ours / "outputs").encode(), str(ours / "outputs").encode()]
-    assert bwrap._runtime_dir_of(argv) == str(ours)
+    assert bwrap_owned._runtime_dir_of(argv) == str(ours)
     other = [b"bwrap", b"--bind", b"/tmp/x/outputs", b"/tmp/x/outputs"]
-    assert bwrap._runtime_dir_of(other) is None
+    assert bwrap_owned._runtime_dir_of(other) is None
 
 
 def test_the_interpreter_environment_is_bound_read_only() -> None:
