@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -302,8 +303,10 @@ class Daemon:
         await orch.close()
         for session in settled:
             # Sandbox gone, history on disk: that is what "inactive" means (docs/spec.md §4).
+            # The row as the live session left it: its state is the transition's start.
+            row = dataclasses.replace(session.record, status=session.state)
             with contextlib.suppress(Exception):
-                await orch.store.update_session(session.id, status="inactive")
+                await orch.set_stored_state(row, "inactive", "shutdown")
 
     @staticmethod
     async def _bounded(what: str, work: Any) -> None:

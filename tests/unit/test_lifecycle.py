@@ -144,13 +144,11 @@ def test_the_store_uses_the_lifecycle_states() -> None:
 # --- every state change goes through the lifecycle ---------------------------------------------
 
 # Where the orchestrator writes a session's state: Orchestrator._move assigns the live state;
-# _publish and set_stored_state write the row. daemon/service.py's shutdown still writes
-# ``inactive`` itself (the ``shutdown`` cause is drawn for it).
+# _publish and set_stored_state write the row (the daemon's shutdown goes through the latter).
 STATE_WRITERS = {("orchestrator/sessions/manager.py", "_move")}
 STATUS_WRITERS = {
     ("orchestrator/sessions/manager.py", "_publish"),
     ("orchestrator/sessions/manager.py", "set_stored_state"),
-    ("orchestrator/daemon/service.py", "_stop_sessions"),
 }
 
 
