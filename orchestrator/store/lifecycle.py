@@ -31,7 +31,7 @@ questionable but taken today; each is marked *kept* where it is drawn:
 - ``running -> inactive`` (``unload``): an unload cancels the driver first, so a turn in
   progress is dropped without an ``aborted`` state (its loop records ``aborted``).
 - ``shutdown``: the daemon marks every session it stopped ``inactive``
-  (``daemon/service.py``); it writes the row itself today, without this check.
+  (``daemon/service.py``, through ``Orchestrator.set_stored_state``).
 """
 
 from __future__ import annotations
