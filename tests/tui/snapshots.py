@@ -15,6 +15,7 @@ import difflib
 import io
 import os
 import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
@@ -28,6 +29,10 @@ from textual.widgets import Input
 SNAPSHOT_DIR: Final = Path(__file__).parent / "snapshots"
 UPDATE_ENV: Final = "UPDATE_SNAPSHOTS"
 PLACEHOLDER: Final = "#"
+# A screen just pushed may not have drawn every widget yet (the footer comes a frame later on
+# a loaded machine): the comparison is repeated until it matches or this bound passes.
+SETTLE_TIMEOUT_S: Final = 10.0
+_SETTLE_STEP_S: Final = 0.05
 _UNIQUE_ID: Final = "prime-agent-snapshot"
 _TITLE: Final = "prime-agent"
 
@@ -122,6 +127,10 @@ async def assert_snapshot(pilot: Pilot[None], name: str) -> None:
         path.write_text(svg)
         return
     stored = path.read_text()
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while stored != svg and time.monotonic() < deadline:
+        await pilot.pause(_SETTLE_STEP_S)
+        svg, text = render_svg(pilot)
     if stored != svg:
         fresh = path.with_suffix(".new.svg")
         fresh.write_text(svg)
