@@ -2,7 +2,7 @@
 
 A client attaches to a session the daemon runs; the daemon is SIGKILLed at a random moment
 (seeded). Every event the client received was pushed after its commit, so each one must be in
-the DuckDB file with the same payload. 20 iterations here; tests/stress runs 200.
+the DuckDB file with the same payload. 8 iterations here; tests/stress runs 200.
 
 Each iteration starts the daemon in the foreground (``python -m orchestrator.daemon``) in the
 test's private runtime dir; the next iteration's daemon takes over what the killed one left
@@ -29,7 +29,7 @@ from orchestrator.testing import FakeModelServer
 from tests.helpers import pids_alive, wait_until, write_config
 from tests.integration.test_r1_durability import stored_events
 
-ITERATIONS = 20
+ITERATIONS = 8
 SEED = 20261130
 # From the moment the session is created: covers model calls, cells and their commits.
 KILL_WINDOW_S = (0.0, 3.0)
