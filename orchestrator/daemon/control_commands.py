@@ -10,7 +10,7 @@ goal already open, an unknown schedule) is a one-line ``invalid_argument`` / ``n
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pydantic import ValidationError
 
@@ -31,7 +31,7 @@ from orchestrator.api.protocol import (
 from orchestrator.control import schedule_service
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.control.goals import start_text
-from orchestrator.daemon.command_context import CommandContext
+from orchestrator.daemon.command_context import CommandContext, SessionControl
 from orchestrator.errors import UserError
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES
@@ -41,9 +41,6 @@ from orchestrator.store.events import UserMessagePayload
 from orchestrator.store.goals import GoalRow
 from orchestrator.store.queries import utcnow
 from orchestrator.store.timespec import HEARTBEAT_COMMAND
-
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
 
 __all__ = [
     "autonomous",
@@ -140,14 +137,14 @@ async def goal(daemon: CommandContext, live: LiveSession, command: Goal) -> Json
                 row = await orch.goals.create(
                     target, command.objective, command.token_budget, source="user"
                 )
-                live.goal_run = row.id
+                orch.begin_goal_run(live, row.id)
                 _start(orch, live, row)
             case "pause":
                 row = await orch.goals.pause(target)
             case "resume":
                 row = await orch.goals.resume(target)
                 if row.status == "active" and not _busy(live):
-                    live.goal_run = row.id
+                    orch.begin_goal_run(live, row.id)
                     _start(orch, live, row)
             case "clear":
                 row = await orch.goals.clear(target)
@@ -160,10 +157,10 @@ async def goal(daemon: CommandContext, live: LiveSession, command: Goal) -> Json
 
 
 def _busy(live: LiveSession) -> bool:
-    return live.state == "running" or bool(live.follow) or bool(live.steer)
+    return live.state == "running" or live.pending > 0
 
 
-def _start(orch: Orchestrator, live: LiveSession, row: GoalRow) -> None:
+def _start(orch: SessionControl, live: LiveSession, row: GoalRow) -> None:
     """A goal set or resumed on a quiet session starts its turn now (a busy one continues
     at its next turn boundary)."""
     if _busy(live):
@@ -219,7 +216,7 @@ async def autonomous(daemon: CommandContext, rec: SessionRecord, command: Autono
         raise ApiCommandError(
             E_INVALID_ARGUMENT, f"{', '.join(given)} only go with action on, not {command.action}"
         )
-    live = orch.sessions.get(rec.id)
+    live = orch.loaded(rec.id)
     row: AutonomyRow | None
     if command.action == "on":
         status = live.state if live is not None else rec.status
@@ -230,9 +227,7 @@ async def autonomous(daemon: CommandContext, rec: SessionRecord, command: Autono
         except ValidationError as exc:
             message = exc.errors()[0]["msg"]
             raise ApiCommandError(E_INVALID_ARGUMENT, f"autonomous: {message}") from None
-        row = await orch.autonomy.enable(rec.id, policy)
-        if live is not None:
-            live.run_stop = None  # a new run: the previous run's stop is history
+        row = await orch.start_autonomous_run(rec.id, policy)  # the previous stop is history
     elif command.action == "off":
         row = await orch.autonomy.disable(rec.id)
     else:

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -81,10 +81,10 @@ from orchestrator.daemon import (
     sandbox_commands,
     tree_commands,
 )
-from orchestrator.daemon.command_context import CommandContext
+from orchestrator.daemon.command_context import CommandContext, SessionControl
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import resolve_model
+from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -125,12 +125,47 @@ EXPORT_FILE_MODE: Final = 0o600
 LINEAGE_MAX_DEPTH: Final = 64
 
 
+class HandlerSessionControl(SessionControl, Protocol):
+    """The orchestrator as the handler sees it (``Orchestrator``): what every command may ask
+    (``SessionControl``) plus creating and waking sessions, print mode's quiet wait and its
+    last event."""
+
+    async def create_session(
+        self,
+        *,
+        model: ResolvedModel,
+        cwd: Path,
+        name: str | None,
+        budget: int | None,
+        backend: str | None,
+        refine: bool | None,
+    ) -> LiveSession:
+        """A new root session and its driver (its sandbox starts now)."""
+        ...
+
+    async def load_session(self, record: SessionRecord) -> LiveSession:
+        """The live session for ``record``, loaded from the store when it is not loaded."""
+        ...
+
+    async def wait_quiet(self, root_id: str, timeout_s: float) -> None:
+        """Until no session of the tree runs and no input waits (``FamilyTimeout``)."""
+        ...
+
+    async def record(self, live: LiveSession, type_: str, payload: Any) -> Any:
+        """Append an event to ``live``'s history (pushed to attached clients)."""
+        ...
+
+
 class DaemonControl(CommandContext, Protocol):
     """What the handler needs from the daemon that owns it (``service.Daemon``): what every
-    command may use (``CommandContext``) plus readiness, the socket and shutdown."""
+    command may use (``CommandContext``) plus readiness, the socket and shutdown, and the
+    orchestrator with what only the handler asks of it (``HandlerSessionControl``)."""
 
     socket_path: Path
     started_monotonic: float
+
+    @property
+    def orch(self) -> HandlerSessionControl: ...
 
     @property
     def ready(self) -> bool: ...
@@ -220,13 +255,13 @@ def _flatten(nodes: list[UsageNode]) -> dict[str, UsageNode]:
     return out
 
 
-def _live_status(node: JsonObject, live: dict[str, LiveSession]) -> None:
+def _live_status(node: JsonObject, loaded: Callable[[str], LiveSession | None]) -> None:
     """A usage node's status (and its children's) as the live sessions have it now."""
-    loaded = live.get(str(node.get("session_id")))
-    if loaded is not None:
-        node["status"] = loaded.state
+    live = loaded(str(node.get("session_id")))
+    if live is not None:
+        node["status"] = live.state
     for child in node.get("children") or []:
-        _live_status(child, live)
+        _live_status(child, loaded)
 
 
 def _json_size(obj: object) -> int:
@@ -395,17 +430,17 @@ class DaemonHandler(CommandHandler):
     def ancestors(self, session: str) -> Sequence[str]:
         """Parent chain of a loaded session, then its root: family attaches get its events."""
         try:
-            sessions = self.daemon.orch.sessions
+            orch = self.daemon.orch
         except ApiCommandError:  # still starting
             return ()
-        live = sessions.get(session)
+        live = orch.loaded(session)
         if live is None:
             return ()
         chain: list[str] = []
         parent = live.record.parent_id
         while parent is not None and len(chain) < LINEAGE_MAX_DEPTH:
             chain.append(parent)
-            above = sessions.get(parent)
+            above = orch.loaded(parent)
             parent = above.record.parent_id if above is not None else None
         if live.record.root_id != live.id and live.record.root_id not in chain:
             chain.append(live.record.root_id)
@@ -432,7 +467,7 @@ class DaemonHandler(CommandHandler):
         return await self._wake(await self._record(selector))
 
     async def _wake(self, rec: SessionRecord) -> LiveSession:
-        live = self.daemon.orch.sessions.get(rec.id)
+        live = self.daemon.orch.loaded(rec.id)
         if live is not None:
             return live
         try:
@@ -446,7 +481,7 @@ class DaemonHandler(CommandHandler):
 
     def _ping(self) -> JsonObject:
         ready = self.daemon.ready and not self.daemon.stopping
-        sessions = self.daemon.orch.sessions.values() if ready else ()
+        sessions = self.daemon.orch.loaded_sessions() if ready else []
         live = [s for s in sessions if s.state not in TERMINAL_STATES]
         return {
             "pong": True,
@@ -495,7 +530,7 @@ class DaemonHandler(CommandHandler):
         chosen = matching[-command.limit :] if command.limit else matching
         rows = []
         for rec in chosen:
-            live = self.daemon.orch.sessions.get(rec.id)
+            live = self.daemon.orch.loaded(rec.id)
             row = _session_dict(rec, live)
             when = last.get(rec.id)
             row["last_activity"] = when.isoformat() if when is not None else None
@@ -511,7 +546,7 @@ class DaemonHandler(CommandHandler):
 
     async def _get_session(self, selector: str, recent: int) -> JsonObject:
         rec = await self._record(selector)
-        live = self.daemon.orch.sessions.get(rec.id)
+        live = self.daemon.orch.loaded(rec.id)
         row = _session_dict(rec, live)
         if live is not None:
             row["pending"] = live.pending
@@ -591,7 +626,7 @@ class DaemonHandler(CommandHandler):
 
     async def _abort(self, selector: str) -> JsonObject:
         rec = await self._record(selector)
-        live = self.daemon.orch.sessions.get(rec.id)
+        live = self.daemon.orch.loaded(rec.id)
         if live is None:  # not loaded: no turn runs, and waking it only to abort is pointless
             return {"session": rec.id, "aborted": False, "status": rec.status, "sessions": []}
         # Cascades: the turns of its running descendants are aborted too (children first).
@@ -655,7 +690,7 @@ class DaemonHandler(CommandHandler):
             kept.appendleft(event)
         snapshot = len(kept) < missed
         last = int(tail[-1].seq) if tail else (cursor or 0)
-        live = self.daemon.orch.sessions.get(rec.id)
+        live = self.daemon.orch.loaded(rec.id)
         return {
             "session": _session_dict(rec, live),
             "cursor": last,
@@ -667,7 +702,7 @@ class DaemonHandler(CommandHandler):
     async def _usage(self, command: GetUsage) -> JsonObject:
         rec = await self._record(command.session) if command.session is not None else None
         records, summaries = await self._sessions_and_usage(rec.root_id if rec else None)
-        live = self.daemon.orch.sessions
+        orch = self.daemon.orch
         paged = command.rows and command.rows_limit is not None
         out = []
         if not paged:  # a page of rows carries no forest (nor builds one)
@@ -681,7 +716,7 @@ class DaemonHandler(CommandHandler):
                 data = node.as_dict()
                 if not command.tree:
                     data["children"] = []
-                _live_status(data, live)
+                _live_status(data, orch.loaded)
                 out.append(data)
         result: JsonObject = {"usage": out}
         if command.rows:
@@ -696,7 +731,7 @@ class DaemonHandler(CommandHandler):
             for summary in chosen:
                 row = asdict(summary)
                 known = by_id.get(summary.session_id)
-                loaded = live.get(summary.session_id)
+                loaded = orch.loaded(summary.session_id)
                 status = known.status if known is not None else ""
                 row["status"] = loaded.state if loaded is not None else status
                 row["name"] = known.name if known is not None else None
@@ -707,7 +742,7 @@ class DaemonHandler(CommandHandler):
     def _shutdown(self, force: bool) -> JsonObject:
         if self.daemon.stopping:
             return {"stopping": True, "pid": os.getpid(), "aborting": []}
-        running = [s.id for s in self.daemon.orch.sessions.values() if s.state == "running"]
+        running = [s.id for s in self.daemon.orch.loaded_sessions() if s.state == "running"]
         if running and not force:
             raise ApiCommandError(
                 E_BUSY,

@@ -139,14 +139,14 @@ async def sandbox_info(daemon: CommandContext, meter: CpuMeter, rec: SessionReco
     """``{session, status, sandbox: null | {...}}`` (docs/protocol.md), plus ``sandbox_failed:
     {failures, error}`` while the sandbox is marked failed (its start backoff gave up; the
     session itself stays usable, and its next prompt or a restart tries again)."""
-    live = daemon.orch.sessions.get(rec.id)
+    live = daemon.orch.loaded(rec.id)
     sandbox = _up(live)
     answer: JsonObject = {
         "session": rec.id,
         "status": live.state if live is not None else rec.status,
         "sandbox": await _describe(meter, sandbox) if sandbox is not None else None,
     }
-    failure = daemon.orch.sandboxes.failure(rec.id) if live is not None else None
+    failure = daemon.orch.sandbox_failure(rec.id) if live is not None else None
     if failure is not None:
         answer["sandbox_failed"] = failure
     return answer
@@ -157,7 +157,7 @@ async def sandbox_control(
 ) -> JsonObject:
     orch = daemon.orch
     family = quiet_family(daemon, rec.id, f"{command.action} the sandbox of")
-    live = orch.sessions.get(rec.id)
+    live = orch.loaded(rec.id)
     status = live.state if live is not None else rec.status
     if command.action == "restart" and status in TERMINAL_STATES:
         raise ApiCommandError(E_BUSY, f"session {rec.id} is {status}; it cannot be restarted")
@@ -201,13 +201,11 @@ async def _unload(
             meter.forget(_key(sandbox.ref))
     await orch.unload(live)  # a last snapshot, sandboxes stopped, rows inactive
     for session in family:
-        orch.sandboxes.forget(session.id)  # the next load starts from a clean slate
-        leftover = [*session.steer, *session.follow]
+        orch.forget_sandbox(session.id)  # the next load starts from a clean slate
+        # Input that arrived while the sandbox stopped would be lost with the object.
+        leftover = orch.take_pending(session)
         if not leftover:
             continue
-        # Input that arrived while the sandbox stopped would be lost with the object.
-        session.steer.clear()
-        session.follow.clear()
         try:
             fresh = await orch.load_session_id(session.id)
         except UserError as exc:

@@ -10,27 +10,55 @@ their sessions, waking them when they are inactive.
 - **Crash**: a tick claimed by a daemon that died before delivering it is marked interrupted at
   the next start (and recorded on its session), never delivered again.
 - **Idle unload** leaves a session with an active heartbeat loaded.
+
+The scheduler sees the orchestrator as a ``TickHost`` (what delivering a tick needs) and
+writes to the store it is given, never to the orchestrator's.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final, Protocol
 
 from orchestrator.control.scheduler import Scheduler
-from orchestrator.sessions.live import Inbound
+from orchestrator.sessions.live import Inbound, LiveSession
+from orchestrator.store.db import Store
 from orchestrator.store.events import ScheduleTickPayload, UserMessagePayload
 from orchestrator.store.schedules import DispatchRow, ScheduleRow
 
-if TYPE_CHECKING:
-    from orchestrator.sessions.manager import Orchestrator
-
-__all__ = ["HEARTBEAT_SOURCES", "deferred", "make_scheduler", "record_interrupted", "tick_text"]
+__all__ = [
+    "HEARTBEAT_SOURCES",
+    "TickHost",
+    "deferred",
+    "make_scheduler",
+    "record_interrupted",
+    "tick_text",
+]
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SOURCES: Final = frozenset({"heartbeat", "rlm_heartbeat"})
 DEFERRING_ACTIVITIES: Final = frozenset({"cell", "compacting"})
+
+
+class TickHost(Protocol):
+    """What delivering a tick needs of the orchestrator (``Orchestrator``)."""
+
+    def loaded(self, session_id: str) -> LiveSession | None:
+        """The session when it is loaded, else None (never loads it)."""
+        ...
+
+    async def load_session_id(self, session_id: str) -> LiveSession:
+        """The session, loaded (woken) from the store when it is not."""
+        ...
+
+    def submit(self, live: LiveSession, item: Inbound) -> str:
+        """Queue input for ``live``; "delivered" (a turn starts now) or "queued"."""
+        ...
+
+    async def record(self, live: LiveSession, type_: str, payload: Any) -> Any:
+        """Append an event to ``live``'s history."""
+        ...
 
 
 def tick_text(schedule: ScheduleRow) -> str:
@@ -40,7 +68,9 @@ def tick_text(schedule: ScheduleRow) -> str:
     return f"[{kind}{label}: {schedule.spec}] {schedule.prompt}"
 
 
-def make_scheduler(orch: Orchestrator) -> Scheduler:
+def make_scheduler(orch: TickHost, store: Store) -> Scheduler:
+    """The scheduler over ``store`` (its schedules and dispatches), delivering into ``orch``."""
+
     async def deliver(schedule: ScheduleRow, dispatch: DispatchRow) -> bool:
         live = await orch.load_session_id(schedule.session_id)
         source = "harness" if schedule.source in HEARTBEAT_SOURCES else "user"
@@ -58,21 +88,21 @@ def make_scheduler(orch: Orchestrator) -> Scheduler:
         )
         return True
 
-    return Scheduler(orch.store, deliver=deliver, defer=lambda sid: deferred(orch, sid))
+    return Scheduler(store, deliver=deliver, defer=lambda sid: deferred(orch, sid))
 
 
-def deferred(orch: Orchestrator, session_id: str) -> bool:
+def deferred(orch: TickHost, session_id: str) -> bool:
     """A tick for this session waits: it runs a cell or compacts its context right now."""
-    live = orch.sessions.get(session_id)
+    live = orch.loaded(session_id)
     loop = live.loop if live is not None else None
     return loop is not None and loop.activity in DEFERRING_ACTIVITIES
 
 
-async def record_interrupted(orch: Orchestrator, rows: list[DispatchRow]) -> None:
+async def record_interrupted(store: Store, rows: list[DispatchRow]) -> None:
     """A ``schedule_tick`` (interrupted) on each session whose claimed tick a crash left."""
     for row in rows:
         try:
-            await orch.store.append(
+            await store.append(
                 row.session_id,
                 "schedule_tick",
                 ScheduleTickPayload(

@@ -256,12 +256,12 @@ class Daemon:
             log.info("resumed %d interrupted turn(s): %s", len(resumed), ", ".join(resumed))
         # Heartbeats and schedules (docs/control.md): ticks a crash left claimed are marked
         # interrupted (never replayed), then due ticks are delivered.
-        scheduler = make_scheduler(self._orch)
+        scheduler = make_scheduler(self._orch, self._store)
         self._orch.scheduler = scheduler
         attached = self._orch.idle.attached
         self._orch.idle.attached = lambda sid: attached(sid) or scheduler.keeps_loaded(sid)
         interrupted = await scheduler.start()
-        await record_interrupted(self._orch, interrupted)
+        await record_interrupted(self._store, interrupted)
         if interrupted:
             log.info(
                 "marked %d schedule tick(s) a crash left claimed interrupted", len(interrupted)
@@ -296,7 +296,7 @@ class Daemon:
             await self._bounded("closing the store", store.close())
 
     async def _stop_sessions(self, orch: Orchestrator) -> None:
-        settled = [s for s in orch.sessions.values() if s.state not in TERMINAL_STATES]
+        settled = [s for s in orch.loaded_sessions() if s.state not in TERMINAL_STATES]
         # Cancels every driver (a running turn records `aborted` and interrupts its cell, while
         # the bus and sandboxes are still up), then stops every tree's sandboxes and the pool.
         # Not abort_turn: that restarts drivers, and a queued follow-up would start a new turn.

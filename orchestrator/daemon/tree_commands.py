@@ -56,7 +56,7 @@ async def tree_page(daemon: CommandContext, rec: SessionRecord, command: Tree) -
 
 def loaded_family(daemon: CommandContext, session_id: str) -> list[LiveSession]:
     """The session and its loaded descendants (parents before children)."""
-    sessions = sorted(daemon.orch.sessions.values(), key=lambda s: s.record.depth)
+    sessions = sorted(daemon.orch.loaded_sessions(), key=lambda s: s.record.depth)
     inside = {session_id}
     found: list[LiveSession] = []
     for live in sessions:
@@ -83,14 +83,14 @@ def quiet_family(daemon: CommandContext, session_id: str, doing: str) -> list[Li
 async def branch(daemon: CommandContext, rec: SessionRecord, command: Branch) -> JsonObject:
     orch = daemon.orch
     quiet_family(daemon, rec.id, "branch")
-    live = orch.sessions.get(rec.id)
+    live = orch.loaded(rec.id)
     if live is not None:  # its context was built from the old leaf
         await orch.unload(live)
     try:
         result = await tree.branch(daemon.store, rec.id, command.event, summary=command.summary)
     except UserError as exc:
         raise _invalid(exc) from None
-    woken = orch.sessions.get(rec.id)  # a message woke it meanwhile, from the old leaf
+    woken = orch.loaded(rec.id)  # a message woke it meanwhile, from the old leaf
     if woken is not None and woken.state != "running" and not woken.pending:
         await orch.unload(woken)
     return {**result.as_dict(), "unloaded": live is not None}

@@ -218,11 +218,9 @@ class IdleUnloader:
     async def _rescue(self, session: LiveSession) -> None:
         """Input queued on a session while it was being unloaded would be lost with the
         object: load the session again and hand the input over."""
-        leftover = [*session.steer, *session.follow]
+        leftover = session.take_pending()
         if not leftover:
             return
-        session.steer.clear()
-        session.follow.clear()
         with contextlib.suppress(Exception):
             fresh = await self.orch.load_session_id(session.id)
             for item in leftover:

@@ -104,6 +104,15 @@ class LiveSession:
         taken, self.steer = self.steer, []
         return [item.payload for item in taken]
 
+    def take_pending(self) -> list[Inbound]:
+        """All queued input, steer messages first, then the follow-ups; none stays queued.
+        Their message ids stay in ``inflight``: the input is not recorded yet, and whoever
+        takes it submits it again."""
+        taken = [*self.steer, *self.follow]
+        self.steer.clear()
+        self.follow.clear()
+        return taken
+
     def accept(self, item: Inbound) -> None:
         """Queue ``item``; its message id stays in ``inflight`` until it is recorded."""
         if item.payload.message_id is not None:

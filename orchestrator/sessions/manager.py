@@ -21,7 +21,7 @@ from typing import Any, Final, Literal
 from orchestrator.agent.context import ContextBuilder
 from orchestrator.agent.loop import AgentLoop, EventSink, TurnOutcome
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
-from orchestrator.control.autonomous import Autonomy
+from orchestrator.control.autonomous import AutonomousPolicy, Autonomy
 from orchestrator.control.goals import Goals
 from orchestrator.control.scheduler import Scheduler
 from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
@@ -54,6 +54,7 @@ from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.sessions.session_target import SessionTarget
 from orchestrator.sessions.supervisor import SandboxSupervisor
 from orchestrator.settings import Settings
+from orchestrator.store.autonomy import AutonomyRow
 from orchestrator.store.context_queries import read_context_path
 from orchestrator.store.db import EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
@@ -165,6 +166,10 @@ class Orchestrator:
         self.paths = paths
         self.bus = bus
         self.sink = sink
+        # Every loaded session by id. Only this class adds one (``create_session``, ``_load``)
+        # or removes one (``unload``); callers outside the sessions package read it through
+        # ``loaded`` and ``loaded_sessions`` and change a session only through the operations
+        # below (the daemon's port: ``daemon/command_context.SessionControl``).
         self.sessions: dict[str, LiveSession] = {}
         self.budgets = BudgetTree()
         self._resolve = resolve or self._resolve_from_settings
@@ -197,6 +202,17 @@ class Orchestrator:
 
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
+
+    # -- the loaded sessions, as callers outside the sessions package see them -----------------
+
+    def loaded(self, session_id: str) -> LiveSession | None:
+        """The session when this process has it loaded, else None (this never loads it)."""
+        return self.sessions.get(session_id)
+
+    def loaded_sessions(self) -> list[LiveSession]:
+        """Every loaded session, in the order it was loaded. A copy: the caller may load and
+        unload sessions while it walks the list."""
+        return list(self.sessions.values())
 
     # -- creating sessions ------------------------------------------------------------------
 
@@ -509,6 +525,16 @@ class Orchestrator:
         except Exception as exc:  # a backend bug must still reach the model as an error
             raise SandboxStartError(f"could not start the sandbox: {exc}") from exc
 
+    def sandbox_failure(self, session_id: str) -> dict[str, Any] | None:
+        """``{failures, error}`` while the session's sandbox is marked failed (its start backoff
+        gave up, until the next prompt or a restart), else None."""
+        return self.sandboxes.failure(session_id)
+
+    def forget_sandbox(self, session_id: str) -> None:
+        """Drop what the supervisor remembers of an unloaded session's sandbox (failed starts,
+        backoff, the snapshot keeper): the session's next load starts from a clean slate."""
+        self.sandboxes.forget(session_id)
+
     async def restart_sandbox(self, live: LiveSession) -> Sandbox:
         """A new sandbox for a loaded session, nothing else (``SandboxSupervisor.restart``): its
         record, context, driver and queued input stay as they are; its loaded descendants keep
@@ -597,6 +623,12 @@ class Orchestrator:
         live.accept(item)
         return "delivered" if idle else "queued"
 
+    def take_pending(self, live: LiveSession) -> list[Inbound]:
+        """Take ``live``'s queued input out, steer messages first, then the follow-ups, each in
+        order; none is left queued. For a session just unloaded, whose input would be lost with
+        the object: the caller ``submit``s it to the session loaded again."""
+        return live.take_pending()
+
     # -- the driver ---------------------------------------------------------------------------
 
     async def _drive(self, live: LiveSession) -> None:
@@ -652,6 +684,23 @@ class Orchestrator:
 
     def session_target(self, live: LiveSession) -> SessionTarget:
         return SessionTarget(self, live)
+
+    def begin_goal_run(self, live: LiveSession, goal_id: str) -> None:
+        """``live`` is continued for the goal ``goal_id`` from now on (a goal run): its post-turn
+        work continues it while that goal is active and ends the run, with its ``run_stop``,
+        once the goal completes or reaches its budget (sessions/post_turn.py). It starts no
+        turn: the caller submits the goal's start text when the session is quiet."""
+        live.goal_run = goal_id
+
+    async def start_autonomous_run(self, session_id: str, policy: AutonomousPolicy) -> AutonomyRow:
+        """Autonomous mode on for the session: a new run under ``policy``, its counters from
+        zero, counted from the session's next turn (``Autonomy.enable``). A loaded session's
+        previous run stop is history: its ``run_stop`` is None until this run stops."""
+        row = await self.autonomy.enable(session_id, policy)
+        live = self.sessions.get(session_id)
+        if live is not None:
+            live.run_stop = None
+        return row
 
     async def _record_notes(self, live: LiveSession) -> None:
         assert live.loop is not None

@@ -14,7 +14,7 @@ from orchestrator.daemon.schedule_link import deferred, tick_text
 def _orch(activity: str | None) -> Any:
     loop = None if activity is None else SimpleNamespace(activity=activity)
     session = SimpleNamespace(loop=loop)
-    return SimpleNamespace(sessions={"s-1": session})
+    return SimpleNamespace(loaded={"s-1": session}.get)
 
 
 @pytest.mark.parametrize(
