@@ -41,7 +41,9 @@ CAP = 4096
 GONE_TIMEOUT_S = 15.0
 DRIVER_READY_S = 60.0
 ROOT = Path(__file__).resolve().parents[2]
-OWNER = "/tmp/prime-agent-test-owner.sock"  # a mark, never a real socket
+# A mark, never a real socket; one per run, so two runs of this file never remove each
+# other's sandboxes (remove_unknown takes every sandbox of its owner).
+OWNER = f"/tmp/prime-agent-test-owner-{os.getpid()}.sock"
 
 
 @pytest.fixture(scope="module")
