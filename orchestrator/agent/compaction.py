@@ -24,7 +24,6 @@ error (then the call is retried once). docs/compaction.md is the full descriptio
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,6 +48,7 @@ from orchestrator.models.client import ModelReply
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.settings import CompactionSettings
 from orchestrator.store.events import CompactionPayload
+from orchestrator.store.history_entries import code_of
 
 __all__ = [
     "SUMMARY_SECTIONS",
@@ -208,15 +208,6 @@ def _cut_text(text: str, limit: int) -> str:
     return f"{text[:limit]}\n[... {len(text) - limit} chars cut ...]"
 
 
-def _code_of(arguments: str) -> str:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return arguments
-    code = parsed.get("code") if isinstance(parsed, dict) else None
-    return code if isinstance(code, str) else arguments
-
-
 def serialize_for_summary(
     messages: Sequence[dict[str, Any]], entries: Sequence[ContextEntry]
 ) -> str:
@@ -232,7 +223,7 @@ def serialize_for_summary(
         if content:
             lines.append(f"[{role}]\n{_cut_text(content, SUMMARY_MESSAGE_MAX_CHARS)}")
         for call in message.get("tool_calls") or []:
-            code = _code_of(call["function"]["arguments"])
+            code = code_of(call["function"]["arguments"])
             lines.append(f"[ipython call]\n{_cut_text(code, SUMMARY_MESSAGE_MAX_CHARS)}")
     return "\n\n".join(lines)
 
@@ -418,7 +409,7 @@ class Compactor:
             for i in chosen
             for call in messages[i].get("tool_calls") or []
         ] + [str(messages[i].get("content") or "") for i in chosen if entries[i].calls]
-        read, modified = file_hints([_code_of(c) for c in codes])
+        read, modified = file_hints([code_of(c) for c in codes])
         request = _request(
             serialize_for_summary([messages[i] for i in chosen], [entries[i] for i in chosen]),
             previous=previous,

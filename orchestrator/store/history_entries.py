@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from orchestrator.store.db import EventRecord
 
-__all__ = ["CUT_MARK", "HISTORY_TEXT_MAX_CHARS", "entry_of"]
+__all__ = ["CUT_MARK", "HISTORY_TEXT_MAX_CHARS", "code_of", "entry_of"]
 
 HISTORY_TEXT_MAX_CHARS: Final = 4000  # one entry's text (a search shows the part that matched)
 # A search hit's excerpt starts this share of the excerpt before the match.
@@ -25,7 +25,7 @@ MATCH_CONTEXT_SHARE: Final = 4
 CUT_MARK: Final = "…"
 
 
-def _code(arguments: str) -> str:
+def code_of(arguments: str) -> str:
     """The ``code`` of a tool call's JSON arguments; the arguments as they are otherwise."""
     try:
         parsed = json.loads(arguments)
@@ -46,7 +46,7 @@ def _role_and_text(event: EventRecord) -> tuple[str, str]:
         parts = [str(p.get("text") or "")] if p.get("text") else []
         if not p.get("fenced"):
             for call in p.get("tool_calls") or []:
-                parts.append(f"[{call.get('name', 'tool')}]\n{_code(str(call.get('arguments')))}")
+                parts.append(f"[{call.get('name', 'tool')}]\n{code_of(str(call.get('arguments')))}")
         return "assistant", "\n".join(parts)
     if event.type == "tool_result":
         return "tool", str(p.get("text", ""))
