@@ -292,7 +292,7 @@ class Orchestrator:
         self.sessions[session_id] = live
         if eager_sandbox:
             live.ensure_sandbox(lambda: self._start_sandbox(live))
-        live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
+        self._start_driver(live)
         return live
 
     def _spec(self, record: SessionRecord) -> SandboxSpec:
@@ -395,7 +395,7 @@ class Orchestrator:
         self._attach_loop(live, context)
         loaded = self._move(live, _resting_state(live), "load")  # before anyone can see it
         self.sessions[session_id] = live
-        live.driver = asyncio.create_task(self._drive(live), name=f"driver-{session_id}")
+        self._start_driver(live)
         await self._publish(loaded)
         log.info("loaded session %s from the store (%d events on its path)", session_id, len(path))
         return live
@@ -630,6 +630,13 @@ class Orchestrator:
         return live.take_pending()
 
     # -- the driver ---------------------------------------------------------------------------
+
+    def _start_driver(self, live: LiveSession) -> None:
+        """Run ``live``'s driver. A driver ends only by cancellation (unload, close); one that
+        ends with an exception (a bug, e.g. an arrow ``store/lifecycle.py`` does not draw) is
+        logged as one line naming the session, with the traceback at debug level."""
+        live.driver = asyncio.create_task(self._drive(live), name=f"driver-{live.id}")
+        live.driver.add_done_callback(_report_driver_end)
 
     async def _drive(self, live: LiveSession) -> None:
         assert live.loop is not None
@@ -876,7 +883,7 @@ class Orchestrator:
                 live.follow.appendleft(leftover)
             live.steer.clear()
             await self._set_state(live, state or _resting_state(live), "abort")
-            live.driver = asyncio.create_task(self._drive(live), name=f"driver-{live.id}")
+            self._start_driver(live)
             return True
 
     async def abort_tree(self, live: LiveSession) -> list[str]:
@@ -1002,3 +1009,16 @@ def _spent(live: LiveSession) -> bool:
 
 async def _ready(sandbox: Sandbox) -> Sandbox:
     return sandbox
+
+
+def _report_driver_end(task: asyncio.Task[None]) -> None:
+    """Log a session driver that stopped with an exception (see ``Orchestrator._start_driver``)."""
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    log.error(
+        "%s stopped: %s (the session takes no more turns until it is reloaded)",
+        task.get_name(),
+        error,
+    )
+    log.debug("%s stopped", task.get_name(), exc_info=error)

@@ -6,6 +6,8 @@ state-change methods write a session's state."""
 from __future__ import annotations
 
 import ast
+import asyncio
+import logging
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,23 @@ def test_only_the_orchestrator_state_methods_write_a_session_state() -> None:
     assert state_writers == STATE_WRITERS
     assert status_writers <= STATUS_WRITERS
     assert ("orchestrator/sessions/manager.py", "_publish") in status_writers
+
+
+# --- a driver that dies of an illegal arrow says so ----------------------------------------------
+
+
+async def test_a_driver_stopped_by_an_illegal_transition_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from orchestrator.sessions.manager import _report_driver_end
+
+    async def drive() -> None:
+        lifecycle.transition("s-x", "deleted", "running", "turn_start")
+
+    task = asyncio.create_task(drive(), name="driver-s-x")
+    await asyncio.wait({task})
+    with caplog.at_level(logging.ERROR, logger="orchestrator.sessions.manager"):
+        _report_driver_end(task)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line.startswith("driver-s-x stopped: session s-x cannot go from deleted to running")
+    assert "\n" not in line
