@@ -240,6 +240,9 @@ class Settings(_Strict):
     retry_base_delay_s: float = Field(default=RETRY_BASE_DELAY_S, ge=0)
     retry_max_delay_s: float = Field(default=RETRY_MAX_DELAY_S, ge=0)
     model_stream_idle_timeout_s: float = Field(default=MODEL_STREAM_IDLE_TIMEOUT_S, gt=0)
+    # auto: OpenAI-compatible endpoints through the lean client, the rest through litellm;
+    # litellm: everything through litellm (docs/models.md, "Two transports").
+    model_client: Literal["auto", "litellm"] = "auto"
     warm_pool_size: int = Field(default=WARM_POOL_SIZE, ge=0)
     max_turn_steps: int = Field(default=200, ge=1)  # model calls per user prompt
     max_depth: int = Field(default=MAX_DEPTH, ge=0)

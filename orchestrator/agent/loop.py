@@ -189,14 +189,14 @@ class AgentLoop:
         return estimate_tokens(self.system_prompt) + estimate_tokens(tools)
 
     async def _context_window(self) -> int:
-        """The model's window: from config, else litellm's model map, else the default."""
+        """The model's window: from config, else litellm's bundled model map, else the default."""
         model = self.client.model
         if model.context_window is not None:
             return model.context_window
-        from orchestrator.models.lite import ensure_litellm
+        from orchestrator.models.price_map import model_entry
 
-        litellm = await ensure_litellm()
-        info = litellm.model_cost.get(model.litellm_model) or litellm.model_cost.get(model.name)
+        # The first look reads the map (~30 ms): on a thread, never on a shared loop.
+        info = await asyncio.to_thread(model_entry, model.litellm_model, model.name)
         window = info.get("max_input_tokens") if isinstance(info, dict) else None
         return int(window) if isinstance(window, int) and window > 0 else DEFAULT_CONTEXT_WINDOW
 

@@ -323,7 +323,8 @@ def _run(
 
     # Resolve before starting anything: a bad model or missing key is a one-line error.
     resolved = resolve_model(model_sel, settings, api_base=api_base)
-    preload_in_background()
+    if settings.model_client == "litellm" or not (resolved.embedded or resolved.speaks_openai):
+        preload_in_background()  # this run's model goes through litellm: overlap its import
 
     if mode is Mode.json:
         sink: JsonLinesSink | ProgressSink | None = JsonLinesSink()

@@ -84,7 +84,7 @@ from orchestrator.daemon import (
 from orchestrator.daemon.command_context import CommandContext, SessionControl
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import ResolvedModel, resolve_model
+from orchestrator.models.registry import ResolvedModel, resolve_model, resolving_needs_litellm
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -581,7 +581,8 @@ class DaemonHandler(CommandHandler):
         policy = _policy(command)
         try:
             choice = await daemon.choose_backend(command.backend)
-            await ensure_litellm()  # its first import must not stall the daemon's loop
+            if resolving_needs_litellm(command.model, daemon.settings):
+                await ensure_litellm()  # its first import must not stall the daemon's loop
             model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
             model = await daemon.endpoint_for(model)
         except UserError as exc:

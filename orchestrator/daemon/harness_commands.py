@@ -41,7 +41,7 @@ from orchestrator.errors import HarnessError, UserError
 from orchestrator.harness.outcome import outcome_line
 from orchestrator.harness.proposals import accept_proposal, reject_proposal
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import switched_model
+from orchestrator.models.registry import resolving_needs_litellm, switched_model
 from orchestrator.sessions.compaction import change_model
 from orchestrator.sessions.live import LiveSession
 from orchestrator.store import harness as harness_store
@@ -82,7 +82,8 @@ def _harness_error(exc: HarnessError) -> ApiCommandError:
 async def set_model(daemon: CommandContext, live: LiveSession, command: SetModel) -> JsonObject:
     previous = live.model.selector
     try:
-        await ensure_litellm()
+        if resolving_needs_litellm(command.model or previous, daemon.settings):
+            await ensure_litellm()  # its first import must not stall the daemon's loop
         # The session's own endpoint stays unless the switch names another (or another model).
         model = switched_model(
             live.record.model_spec, command.model, command.api_base, daemon.settings

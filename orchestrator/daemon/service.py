@@ -197,9 +197,12 @@ class Daemon:
 
     async def _start_components(self) -> None:
         from orchestrator.models.lite import preload_in_background
+        from orchestrator.models.registry import litellm_expected
 
-        # litellm takes seconds to import: do it now, on a thread, not in the first turn.
-        preload_in_background()
+        # litellm takes seconds and ~200 MB to import: only when the default model goes through
+        # it (OpenAI-compatible endpoints never do), then now, on a thread, not in a turn.
+        if litellm_expected(self.settings):
+            preload_in_background()
         self._store = await Store.open(self.paths.database_file)
         backends = DaemonBackends(
             self.settings,

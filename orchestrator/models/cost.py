@@ -1,35 +1,44 @@
 """Cost of one model call: configured prices first, then litellm's bundled map, else unknown.
 
-Unknown is ``None``, never 0: a self-hosted or unmapped model must not look free.
+Unknown is ``None``, never 0: a self-hosted or unmapped model must not look free. The map is
+read by price_map.py (no litellm import), and a model's prices are looked up once.
 """
 
 from __future__ import annotations
 
+import functools
+
+from orchestrator.call_records import UsagePayload
+from orchestrator.models.price_map import model_entry
 from orchestrator.models.registry import Prices, ResolvedModel
 
-__all__ = ["call_cost", "lookup_prices"]
+__all__ = ["call_cost", "lookup_prices", "usage_record"]
+
+
+def _rate(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+@functools.cache
+def _mapped_prices(litellm_model: str, name: str) -> Prices | None:
+    entry = model_entry(litellm_model, name)
+    if entry is None:
+        return None
+    inp, out = _rate(entry.get("input_cost_per_token")), _rate(entry.get("output_cost_per_token"))
+    if inp is None or out is None:
+        return None
+    return Prices(
+        input=inp,
+        output=out,
+        cache_read=_rate(entry.get("cache_read_input_token_cost")),
+        cache_write=_rate(entry.get("cache_creation_input_token_cost")),
+    )
 
 
 def lookup_prices(model: ResolvedModel) -> Prices | None:
     if model.prices is not None:
         return model.prices
-    from orchestrator.models.lite import load_litellm
-
-    table = load_litellm().model_cost
-    entry = table.get(model.litellm_model) or table.get(model.name)
-    if not isinstance(entry, dict):
-        return None
-    inp, out = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
-    if not isinstance(inp, int | float) or not isinstance(out, int | float):
-        return None
-    read = entry.get("cache_read_input_token_cost")
-    write = entry.get("cache_creation_input_token_cost")
-    return Prices(
-        input=float(inp),
-        output=float(out),
-        cache_read=float(read) if isinstance(read, int | float) else None,
-        cache_write=float(write) if isinstance(write, int | float) else None,
-    )
+    return _mapped_prices(model.litellm_model, model.name)
 
 
 def call_cost(
@@ -46,4 +55,23 @@ def call_cost(
         + output * prices.output
         + cache_read * read_rate
         + cache_write * write_rate
+    )
+
+
+def usage_record(
+    model: ResolvedModel, *, prompt: int, output: int, cache_read: int, cache_write: int
+) -> UsagePayload:
+    """The ``usage`` event of one call from the provider's counts (``prompt`` includes the
+    cached tokens; the record splits them out and prices each part)."""
+    uncached = max(0, prompt - cache_read - cache_write)
+    return UsagePayload(
+        provider=model.provider,
+        model=model.name,
+        input=uncached,
+        output=output,
+        cache_read=cache_read,
+        cache_write=cache_write,
+        cost_usd=call_cost(
+            model, input=uncached, output=output, cache_read=cache_read, cache_write=cache_write
+        ),
     )

@@ -30,10 +30,13 @@ from orchestrator.settings import (
 
 __all__ = [
     "DUMMY_API_KEY",
+    "OPENAI_COMPATIBLE_PROVIDERS",
     "Prices",
     "ResolvedModel",
+    "litellm_expected",
     "resolve_model",
     "resolve_stored",
+    "resolving_needs_litellm",
     "stored_model",
     "switched_model",
 ]
@@ -58,6 +61,9 @@ _KEY_VARS: dict[str, str] = {
 }
 # Providers that talk to a local server and need no key at all.
 _KEYLESS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio", "llamafile"})
+# Providers whose endpoint is the OpenAI chat API itself once an api_base names it: the lean
+# client (openai_stream.py) serves them without litellm.
+OPENAI_COMPATIBLE_PROVIDERS = frozenset({"openai", "hosted_vllm"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,14 @@ class ResolvedModel:
     embedded: bool = False
     # The variable ``api_key`` was read from (stored with the session; the key never is).
     api_key_env: str | None = None
+
+    @property
+    def speaks_openai(self) -> bool:
+        """True when the endpoint is a plain OpenAI-compatible server: the embedded model (once
+        its server runs), or an OpenAI-protocol provider pointed at an explicit ``api_base``."""
+        if self.api_base is None:
+            return False
+        return self.embedded or self.provider in OPENAI_COMPATIBLE_PROVIDERS
 
     def with_endpoint(self, api_base: str, litellm_model: str, api_key: str) -> ResolvedModel:
         """The embedded model learns its endpoint (and per-start key) once its server runs."""
@@ -130,6 +144,33 @@ def _known_provider(provider: str) -> bool:
     from orchestrator.models.lite import load_litellm
 
     return provider in set(load_litellm().provider_list)
+
+
+def resolving_needs_litellm(selector: str | None, settings: Settings) -> bool:
+    """True when ``resolve_model(selector)`` may ask litellm (a provider we do not know by
+    name): callers on an event loop import it on a thread first (models/lite.ensure_litellm)."""
+    chosen = (selector or settings.default_model or "").strip()
+    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
+        return False
+    provider = chosen.split("/", 1)[0]
+    return provider not in _KEY_VARS and provider not in _KEYLESS
+
+
+def litellm_expected(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
+    """True when the configured default model will be called through litellm (or everything
+    is, ``model_client = "litellm"``): worth importing it at start, on a thread."""
+    if settings.model_client == "litellm":
+        return True
+    chosen = (settings.default_model or "").strip()
+    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
+        return False
+    env = os.environ if env is None else env
+    cfg = settings.models.get(chosen)
+    provider = chosen.split("/", 1)[0]
+    base = cfg.api_base if cfg is not None else None
+    if base is None and provider == "openai":
+        base = env.get("OPENAI_BASE_URL") or None
+    return base is None or provider not in OPENAI_COMPATIBLE_PROVIDERS
 
 
 def resolve_model(

@@ -28,6 +28,7 @@ from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
 from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
+from orchestrator.models.openai_stream import close_pools
 from orchestrator.models.registry import (
     ResolvedModel,
     resolve_model,
@@ -995,6 +996,7 @@ class Orchestrator:
                 await backend.close()
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
+        await close_pools()  # the model connections kept alive for this loop's sessions
 
 
 def _resting_state(live: LiveSession) -> SessionStatus:

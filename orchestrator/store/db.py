@@ -4,9 +4,10 @@ Every DuckDB call runs on one dedicated thread that owns the connection, so the 
 never blocks on disk and DuckDB's connection is never shared between threads. Callers submit
 jobs to a queue; the writer resolves each caller's future with ``loop.call_soon_threadsafe``.
 
-Appends are group-committed: the writer takes every append that is waiting (those that arrived
-while the previous commit was fsyncing, plus, when appends have been arriving together, those
-that arrive within ``GROUP_COMMIT_WINDOW_S``) and writes them in ONE transaction with a bulk
+Appends are group-committed: the writer takes every append that is waiting (those made in the
+same loop iteration reach it together, those that arrived while the previous commit was
+fsyncing, plus, when several sessions have been appending together, those that arrive within
+``GROUP_COMMIT_WINDOW_S``) and writes them in ONE transaction with a bulk
 ``INSERT … SELECT unnest(…)``, together with the sessions' new leaf pointers and any usage rows.
 A caller's ``append`` returns only after that COMMIT (R1: acknowledged means committed), so a
 crash at any moment leaves either the whole batch or none of it, and nobody was told about a
@@ -82,7 +83,7 @@ __all__ = [
 ]
 
 # How long the writer keeps a batch open for more appends once it has seen appends arrive
-# together (the previous batch had more than one row). A lone sequential writer never waits:
+# from several sessions (the previous batch touched more than one). A lone session never waits:
 # it would only add this much latency to every append.
 GROUP_COMMIT_WINDOW_S = 0.002
 # Upper bound on rows in one transaction, so one huge burst cannot delay everyone's
@@ -247,12 +248,15 @@ class Store:
         self._path_key = _path_key
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._submit_lock = threading.Lock()
+        # Appends submitted during this loop iteration, not yet queued (``_submit``). Invariant:
+        # non-empty only while a ``_release`` callback is scheduled on the first one's loop.
+        self._held: list[_Append] = []
         self._closing = False
         self._done = threading.Event()
         # Writer-thread state: nothing below is touched from the loop.
         self._con: duckdb.DuckDBPyConnection | None = None
         self._sessions: dict[str, _SessionState] = {}
-        self._last_batch_rows = 0
+        self._last_batch_sessions = 0
         # Test seam: called inside the append transaction just before COMMIT; raising from it
         # simulates a disk error at the worst moment.
         self._before_commit: Callable[[], None] | None = None
@@ -296,6 +300,7 @@ class Store:
             first = not self._closing
             self._closing = True
             if first:
+                self._release_held()
                 future: asyncio.Future[Any] = loop.create_future()
                 # Queued behind every job submitted before it: pending appends commit first.
                 self._queue.put(_Close(loop, future))
@@ -517,7 +522,26 @@ class Store:
         with self._submit_lock:
             if self._closing:
                 raise StoreError(f"database {self._path} is closed")
+            if isinstance(job, _Append):
+                # Held until the loop's current iteration ends, so appends made together (a
+                # step's assistant_message and usage, several sessions' steps) reach the writer
+                # together and commit in one transaction.
+                self._held.append(job)
+                if len(self._held) == 1:
+                    job.loop.call_soon(self._release)
+                return
+            self._release_held()  # order: a call submitted after appends runs after them
             self._queue.put(job)
+
+    def _release(self) -> None:
+        with self._submit_lock:
+            self._release_held()
+
+    def _release_held(self) -> None:
+        """Queue the held appends, in submission order (``_submit_lock`` held)."""
+        for job in self._held:
+            self._queue.put(job)
+        self._held.clear()
 
     async def _call_raw(self, fn: Callable[[], _T]) -> _T:
         loop = asyncio.get_running_loop()
@@ -553,9 +577,10 @@ class Store:
 
     def _gather(self, batch: list[_Append]) -> _Job | None:
         """Add waiting appends to ``batch``; return the first non-append job met, if any."""
-        # Wait for stragglers only when appends have recently come in groups; see
+        # Wait for stragglers only when several sessions have recently been appending together
+        # (one session's own appends of a step arrive together: ``_submit``); see
         # GROUP_COMMIT_WINDOW_S.
-        window = GROUP_COMMIT_WINDOW_S if self._last_batch_rows > 1 else 0.0
+        window = GROUP_COMMIT_WINDOW_S if self._last_batch_sessions > 1 else 0.0
         deadline = time.monotonic() + window
         while len(batch) < GROUP_COMMIT_MAX_ROWS:
             try:
@@ -702,7 +727,7 @@ class Store:
             touched.add(req.session_id)
             accepted.append((req, record, state.root_id))
         if not accepted:
-            self._last_batch_rows = 0
+            self._last_batch_sessions = 0
             return
         try:
             con = self._connection()
@@ -725,7 +750,7 @@ class Store:
             self._recover()
             return
         self._sessions.update({s: pending[s] for s in touched})
-        self._last_batch_rows = len(accepted)
+        self._last_batch_sessions = len(touched)
         with self._stats_lock:
             self._commits += 1
             self._rows += len(accepted)

@@ -1,4 +1,5 @@
-"""litellm never reaches the internet: every socket the model path opens is on loopback."""
+"""The model path never reaches the internet: every socket either transport opens (the lean
+OpenAI-compatible client, or litellm) is on loopback; the lean one does not import litellm."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from orchestrator.testing import FakeModelServer
 
@@ -19,18 +22,20 @@ sys.addaudithook(hook)
 from orchestrator.models.registry import resolve_model
 from orchestrator.models.client import ModelClient
 from orchestrator.settings import Settings
-url = sys.argv[1]
-model = resolve_model("openai/fake", Settings(), api_base=url, env={})
-reply = asyncio.run(ModelClient(model, Settings()).complete([{"role": "user", "content": "hi"}]))
-print(json.dumps({"text": reply.text, "seen": seen}))
+url, client = sys.argv[1], sys.argv[2]
+settings = Settings(model_client=client)
+model = resolve_model("openai/fake", settings, api_base=url, env={})
+reply = asyncio.run(ModelClient(model, settings).complete([{"role": "user", "content": "hi"}]))
+print(json.dumps({"text": reply.text, "seen": seen, "litellm": "litellm" in sys.modules}))
 """
 
 
-def test_model_calls_touch_only_loopback() -> None:
+@pytest.mark.parametrize("client", ["auto", "litellm"])
+def test_model_calls_touch_only_loopback(client: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITELLM_")}
     with FakeModelServer("text: hello") as srv:
         out = subprocess.run(
-            [sys.executable, "-c", PROBE, srv.url],
+            [sys.executable, "-c", PROBE, srv.url, client],
             capture_output=True,
             text=True,
             env=env,
@@ -39,6 +44,7 @@ def test_model_calls_touch_only_loopback() -> None:
         )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["text"] == "hello"
+    assert result["litellm"] is (client == "litellm")
     assert result["seen"], "the audit hook saw no socket at all"
     for _event, target in result["seen"]:
         assert "127.0.0.1" in target or "localhost" in target, target

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import duckdb
@@ -17,7 +18,7 @@ import pytest
 from orchestrator.errors import StoreError, StoreLocked, UserError
 from orchestrator.ids import new_session_id
 from orchestrator.store import db as store_db
-from orchestrator.store.db import CURRENT_LEAF, SessionRecord, Store
+from orchestrator.store.db import CURRENT_LEAF, EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
     NoticePayload,
     ToolResultPayload,
@@ -216,6 +217,43 @@ async def test_concurrent_appends_across_sessions(db_path: Path) -> None:
             assert await store.active_path(sid) == events
         stored = [e.id for sid in sids for e in await store.events(sid)]
         assert sorted(r.id for r in acked) == sorted(stored)
+
+
+STEP_PAIRS = 5
+BETWEEN_RECORDS_S = 0.02
+
+
+async def test_appends_made_together_commit_in_one_transaction(db_path: Path) -> None:
+    """A step's records (assistant_message and usage, gathered) are one commit, every time:
+    they reach the writer together, not as two racing submissions."""
+    async with await Store.open(db_path) as store:
+        sid = await new_session(store)
+
+        async def after_other_work(text: str) -> EventRecord:
+            # What a step does between its two records, in the same loop iteration, with the
+            # GIL released: time in which a writer handed the first append alone commits it.
+            time.sleep(BETWEEN_RECORDS_S)
+            return await store.append(sid, "notice", note(text))
+
+        for i in range(STEP_PAIRS):
+            before = store.statistics()
+            first, second = await asyncio.gather(
+                store.append(sid, "notice", note(f"a{i}")), after_other_work(f"b{i}")
+            )
+            after = store.statistics()
+            assert after.commits - before.commits == 1, f"pair {i} took two commits"
+            assert (first.seq + 1, first.id) == (second.seq, second.parent_event_id)
+
+
+async def test_a_read_submitted_after_appends_sees_them(db_path: Path) -> None:
+    """Held appends are queued before any later call: a read never overtakes them."""
+    async with await Store.open(db_path) as store:
+        sid = await new_session(store)
+        appended = asyncio.ensure_future(store.append(sid, "notice", note("first")))
+        await asyncio.sleep(0)  # the append is submitted (held) but its iteration goes on
+        seen = await store.events(sid)
+        assert [e.payload["text"] for e in seen] == ["first"]
+        assert (await appended).seq == 1
 
 
 async def test_seq_resumes_from_the_database_after_reopen(db_path: Path) -> None:

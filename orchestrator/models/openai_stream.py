@@ -1,0 +1,352 @@
+"""One streaming attempt against an OpenAI-compatible endpoint, without litellm.
+
+The embedded model, vLLM, llama.cpp, Ollama's ``/v1`` and any ``openai/NAME --api-base URL``
+speak the same chat-completions protocol, and litellm adds ~10 ms of client work per call (its
+cost calculator and logging callbacks that walk the whole history after every call) plus
+seconds and ~200 MB to import. This transport posts the request with httpx, reads the SSE
+stream line by line, and turns every failure into the same ``AttemptFailed`` kinds that
+litellm_stream.py derives from litellm's exceptions, so retries, usage and cost are the same
+whichever transport a session uses (tests/integration/test_model_clients.py runs both against
+the scripted model).
+
+Connections are kept alive in one httpx pool per event loop (``close_pools`` closes the pool
+of the running loop at shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import weakref
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import httpx
+
+from orchestrator.models.cost import usage_record
+from orchestrator.models.registry import OPENAI_COMPATIBLE_PROVIDERS, ResolvedModel
+from orchestrator.models.reply import (
+    AttemptFailed,
+    FailureKind,
+    ModelReply,
+    ToolCallParts,
+    joined_calls,
+)
+from orchestrator.settings import Settings
+
+__all__ = ["OpenAIStream", "close_pools", "wire_model_name"]
+
+CONNECT_TIMEOUT_S: Final = 30.0
+ERROR_TEXT_MAX: Final = 300
+POOL_CONNECTIONS_MAX: Final = 256  # one per concurrently streaming session is plenty
+HTTP_BAD_REQUEST: Final = 400
+HTTP_UNAUTHORIZED: Final = 401
+HTTP_FORBIDDEN: Final = 403
+HTTP_NOT_FOUND: Final = 404
+HTTP_PAYLOAD_TOO_LARGE: Final = 413
+HTTP_TOO_MANY_REQUESTS: Final = 429
+HTTP_SERVER_ERROR: Final = 500
+SSE_DATA: Final = "data:"
+SSE_DONE: Final = "[DONE]"
+CHAT_PATH: Final = "/chat/completions"
+# What servers say when the prompt does not fit (OpenAI, vLLM, llama.cpp, Ollama).
+_OVERFLOW_MARKERS: Final = (
+    "context_length_exceeded",
+    "maximum context length",
+    "context length",
+    "context window",
+    "exceeds the available context",
+    "prompt is too long",
+    "too many tokens",
+)
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _pool(idle_s: float) -> httpx.AsyncClient:
+    loop = asyncio.get_running_loop()
+    pool = _pools.get(loop)
+    if pool is None or pool.is_closed:
+        pool = httpx.AsyncClient(
+            timeout=httpx.Timeout(idle_s, connect=CONNECT_TIMEOUT_S),
+            limits=httpx.Limits(
+                max_connections=POOL_CONNECTIONS_MAX,
+                max_keepalive_connections=POOL_CONNECTIONS_MAX,
+            ),
+            trust_env=False,  # no proxy variables or .netrc: the endpoint is the one named
+        )
+        _pools[loop] = pool
+    return pool
+
+
+async def close_pools() -> None:
+    """Close the running loop's connection pool (the next call opens a new one)."""
+    pool = _pools.pop(asyncio.get_running_loop(), None)
+    if pool is not None:
+        await pool.aclose()
+
+
+def wire_model_name(model: ResolvedModel) -> str:
+    """The ``model`` field the server sees: the name without its provider prefix."""
+    provider, sep, rest = model.litellm_model.partition("/")
+    return rest if sep and provider in OPENAI_COMPATIBLE_PROVIDERS else model.litellm_model
+
+
+def _short(text: str) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first[:ERROR_TEXT_MAX]
+
+
+def _error_text(body: bytes) -> tuple[str, str]:
+    """(message, code) from an OpenAI-shaped error body, else the body's first line."""
+    raw = body.decode("utf-8", "replace")
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return _short(raw), ""
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict):
+        return _short(str(error.get("message") or "")), str(error.get("code") or "")
+    if isinstance(error, str):
+        return _short(error), ""
+    return _short(raw), ""
+
+
+def _retry_after_s(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return None  # an HTTP date: our own backoff applies
+
+
+def _status_failure(response: httpx.Response, body: bytes) -> AttemptFailed:
+    status = response.status_code
+    message, code = _error_text(body)
+    lowered = f"{code} {message}".lower()
+    kind: FailureKind
+    if status in (HTTP_BAD_REQUEST, HTTP_PAYLOAD_TOO_LARGE) and any(
+        marker in lowered for marker in _OVERFLOW_MARKERS
+    ):
+        kind, reason = "context_overflow", message
+    elif status in (HTTP_UNAUTHORIZED, HTTP_FORBIDDEN):
+        kind, reason = "auth", message
+    elif status == HTTP_NOT_FOUND:
+        kind, reason = "not_found", message
+    elif status == HTTP_TOO_MANY_REQUESTS:
+        return AttemptFailed(
+            "rate_limited",
+            f"rate limited (429): {message}",
+            status=status,
+            retry_after_s=_retry_after_s(response.headers.get("retry-after")),
+        )
+    elif status >= HTTP_SERVER_ERROR:
+        kind, reason = "server_error", f"server error ({status}): {message}"
+    else:
+        kind, reason = "bad_request", f"{status}: {message}"
+    return AttemptFailed(kind, reason, status=status)
+
+
+def _transport_failure(exc: httpx.HTTPError, streaming: bool) -> AttemptFailed:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return AttemptFailed("connection", f"connection failed: {exc}", connected=False)
+    if isinstance(exc, httpx.TimeoutException):
+        return AttemptFailed("timeout", "timed out waiting for the model")
+    if streaming:  # the body broke off after the reply had begun
+        return AttemptFailed("stream_cut", f"stream broke off: {exc}")
+    return AttemptFailed("connection", f"connection failed: {exc}")
+
+
+async def _lines(response: httpx.Response, idle_s: float) -> AsyncIterator[str]:
+    """The stream's lines, each within ``idle_s`` of the one before."""
+    iterator = response.aiter_lines().__aiter__()
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                line = await iterator.__anext__()
+        except StopAsyncIteration:
+            return
+        yield line
+
+
+class OpenAIStream:
+    def __init__(self, model: ResolvedModel, settings: Settings) -> None:
+        self.model = model
+        self.settings = settings
+        self._url = (model.api_base or "").rstrip("/") + CHAT_PATH
+        self._headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
+
+    def body(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        temperature: float | None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": wire_model_name(self.model),
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": self.model.max_output_tokens,
+        }
+        if tools:
+            body["tools"] = tools
+        if temperature is not None:
+            body["temperature"] = temperature
+        return body
+
+    async def attempt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        temperature: float | None,
+        on_delta: Callable[[str], None] | None,
+    ) -> ModelReply:
+        idle = self.settings.model_stream_idle_timeout_s
+        pool = _pool(idle)
+        request = pool.build_request(
+            "POST", self._url, json=self.body(messages, tools, temperature), headers=self._headers
+        )
+        streaming = False
+        try:
+            async with asyncio.timeout(idle):
+                response = await pool.send(request, stream=True)
+            try:
+                if response.status_code >= HTTP_BAD_REQUEST:
+                    async with asyncio.timeout(idle):
+                        body = await response.aread()
+                    raise _status_failure(response, body)
+                streaming = True
+                return await self._read(response, messages, on_delta, idle)
+            finally:
+                await response.aclose()
+        except TimeoutError:
+            raise AttemptFailed("timeout", "timed out waiting for the model") from None
+        except httpx.HTTPError as exc:
+            raise _transport_failure(exc, streaming) from exc
+
+    async def _read(
+        self,
+        response: httpx.Response,
+        messages: list[dict[str, Any]],
+        on_delta: Callable[[str], None] | None,
+        idle_s: float,
+    ) -> ModelReply:
+        text: list[str] = []
+        calls: dict[int, ToolCallParts] = {}
+        finish: str | None = None
+        usage: dict[str, Any] | None = None
+        done = False  # after [DONE] the body's end is still read: the connection is reused
+        try:
+            async for line in _lines(response, idle_s):
+                if done or not line.startswith(SSE_DATA):
+                    continue  # blank separators, ": keep-alive" comments, event: lines
+                data = line[len(SSE_DATA) :].strip()
+                if data == SSE_DONE:
+                    done = True
+                    continue
+                chunk = _parse_chunk(data)
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    if isinstance(choice, dict):
+                        piece = _add_choice(choice, text, calls)
+                        if piece and on_delta is not None:
+                            on_delta(piece)
+                        if choice.get("finish_reason"):
+                            finish = str(choice["finish_reason"])
+        except (TimeoutError, httpx.HTTPError):
+            if not done:
+                raise  # a server that holds the connection open after [DONE] costs nothing
+        if finish is None:
+            raise AttemptFailed("stream_cut", "stream ended before the reply was complete")
+        joined = "".join(text)
+        tool_calls = joined_calls(calls)
+        if usage is None:
+            return ModelReply(
+                joined, tool_calls, finish, await self._counted(messages, joined, tool_calls)
+            )
+        details = usage.get("prompt_tokens_details")
+        return ModelReply(
+            text=joined,
+            tool_calls=tool_calls,
+            finish_reason=finish,
+            usage=usage_record(
+                self.model,
+                prompt=_count(usage, "prompt_tokens"),
+                output=_count(usage, "completion_tokens"),
+                cache_read=_count(details, "cached_tokens"),
+                cache_write=_count(usage, "cache_creation_input_tokens"),
+            ),
+        )
+
+    async def _counted(
+        self, messages: list[dict[str, Any]], text: str, tool_calls: list[Any]
+    ) -> Any:
+        """The server sent no usage (some ignore include_usage): count with litellm's offline
+        tokenizer, as the litellm transport does (the one use of litellm here; rare)."""
+        from orchestrator.models.lite import ensure_litellm
+
+        litellm = await ensure_litellm()
+        name = self.model.litellm_model
+        prompt = int(litellm.token_counter(model=name, messages=messages))
+        completion = text + "".join(c.arguments for c in tool_calls)
+        output = int(litellm.token_counter(model=name, text=completion))
+        return usage_record(self.model, prompt=prompt, output=output, cache_read=0, cache_write=0)
+
+
+def _parse_chunk(data: str) -> dict[str, Any]:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise AttemptFailed(
+            "bad_response", f"unreadable reply from the server: {_short(data)}"
+        ) from None
+    if not isinstance(chunk, dict):
+        raise AttemptFailed("bad_response", f"unreadable reply from the server: {_short(data)}")
+    error = chunk.get("error")
+    if error is not None:  # an error sent inside the stream (OpenRouter, vLLM)
+        message = error.get("message") if isinstance(error, dict) else error
+        raise AttemptFailed(
+            "server_error", f"the server broke off the reply: {_short(str(message))}"
+        )
+    return chunk
+
+
+def _add_choice(
+    choice: dict[str, Any], text: list[str], calls: dict[int, ToolCallParts]
+) -> str | None:
+    """Take one choice's delta into ``text`` and ``calls``; the text piece it carried."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return None
+    for tc in delta.get("tool_calls") or []:
+        _add_call(calls, tc)
+    piece = delta.get("content")
+    if isinstance(piece, str) and piece:
+        text.append(piece)
+        return piece
+    return None
+
+
+def _add_call(calls: dict[int, ToolCallParts], tc: Any) -> None:
+    if not isinstance(tc, dict):
+        return
+    index = tc.get("index")
+    parts = calls.setdefault(index if isinstance(index, int) else 0, ToolCallParts())
+    if tc.get("id"):
+        parts.id = str(tc["id"])
+    fn = tc.get("function")
+    if isinstance(fn, dict):
+        if fn.get("name"):
+            parts.name = str(fn["name"])
+        if fn.get("arguments"):
+            parts.arguments.append(str(fn["arguments"]))
+
+
+def _count(obj: Any, name: str) -> int:
+    value = obj.get(name) if isinstance(obj, dict) else None
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0

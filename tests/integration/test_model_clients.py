@@ -1,0 +1,197 @@
+"""The two model transports behave the same (docs/models.md, "Two transports").
+
+Every case runs one ``ModelClient.complete`` through the lean OpenAI-compatible client
+(``model_client = "auto"``, the default for ``openai/NAME --api-base``) and through litellm
+(``model_client = "litellm"``) against the same scripted model over real HTTP, and compares
+what a session would record: the reply, the usage and its cost, the retries (attempt and delay),
+the typed error and its ``error_class``, the number of HTTP attempts, and the request body the
+server received.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any, Final
+
+import pytest
+
+from orchestrator.agent.prompts import IPYTHON_TOOL
+from orchestrator.errors import ModelError
+from orchestrator.models.client import ContextOverflow, ModelClient, RetryInfo
+from orchestrator.models.litellm_stream import LitellmStream
+from orchestrator.models.openai_stream import OpenAIStream
+from orchestrator.models.registry import resolve_model
+from orchestrator.settings import Settings
+from orchestrator.testing import FakeModelServer
+
+CLIENTS: Final = ("auto", "litellm")
+RETRIES: Final = 2
+IDLE_TIMEOUT_S: Final = 1.5
+STALL_S: Final = 30  # longer than the idle timeout; closing the server ends it
+# A model litellm's bundled map prices, so the cost comes from the map on both paths.
+PRICED_MODEL: Final = "openai/gpt-4o-mini"
+MESSAGES: Final = [
+    {"role": "system", "content": "You are a test."},
+    {"role": "user", "content": "go"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "ipython", "arguments": '{"code": "x = 1"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+]
+
+
+def _settings(client: str) -> Settings:
+    return Settings(
+        model_client=client,  # type: ignore[arg-type]
+        model_max_retries=RETRIES,
+        retry_base_delay_s=0.01,
+        model_stream_idle_timeout_s=IDLE_TIMEOUT_S,
+    )
+
+
+@dataclass
+class Seen:
+    """What one logical call produced, in the terms a session records."""
+
+    result: dict[str, Any]
+    retries: list[tuple[int, float]]
+    requests: list[dict[str, Any]]
+
+
+async def _call(
+    script: str, client: str, model: str = "openai/fake", temperature: float | None = None
+) -> Seen:
+    settings = _settings(client)
+    retries: list[RetryInfo] = []
+
+    async def on_retry(info: RetryInfo) -> None:
+        retries.append(info)
+
+    with FakeModelServer(script) as srv:
+        resolved = resolve_model(model, settings, api_base=srv.url, env={})
+        mc = ModelClient(resolved, settings)
+        expected = OpenAIStream if client == "auto" else LitellmStream
+        assert isinstance(mc.transport, expected)
+        try:
+            reply = await mc.complete(
+                MESSAGES, tools=[IPYTHON_TOOL], temperature=temperature, on_retry=on_retry
+            )
+        except ModelError as exc:
+            result: dict[str, Any] = {
+                "error": type(exc).__name__,
+                "error_class": exc.error_class,
+                "overflow": isinstance(exc, ContextOverflow),
+            }
+        else:
+            usage = reply.usage.model_dump()
+            assert usage.pop("latency_ms") > 0
+            result = {
+                "text": reply.text,
+                "calls": [(c.id, c.name, c.arguments) for c in reply.tool_calls],
+                "finish": reply.finish_reason,
+                "usage": usage,
+            }
+        requests = list(srv.requests)
+    return Seen(result, [(r.attempt, round(r.delay_s, 3)) for r in retries], requests)
+
+
+CASES: Final = {
+    "text": "text: hello there\nusage in=120 out=30",
+    "tool call": "code: print(6 * 7)",
+    "cached tokens": "text: cached\nusage in=1000 out=10 cache_read=400",
+    "429 then text": "429 retry-after=0.2\n---\ntext: fine",
+    "429 too long": "429 retry-after=3600",
+    "500 always": "repeat forever:\n    500",
+    "503 then text": "503\n---\ntext: back",
+    "cut then text": "text: partial words here\ncut 2\n---\ntext: whole",
+    "stall": f"repeat forever:\n    slow {STALL_S}",
+    "garbage": "repeat forever:\n    garbage",
+    "overflow": "overflow",
+    "401": "401",
+    "404": "404",
+    "400": "400 bad request shape",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_both_clients_record_the_same(case: str) -> None:
+    lean = await _call(CASES[case], "auto")
+    lite = await _call(CASES[case], "litellm")
+    assert lean.result == lite.result
+    assert lean.retries == lite.retries
+    assert len(lean.requests) == len(lite.requests)
+
+
+async def test_the_expected_outcomes() -> None:
+    """Pinned, so that "the same" is not the same mistake in both."""
+    ok = await _call(CASES["text"], "auto")
+    assert ok.result["text"] == "hello there" and ok.result["finish"] == "stop"
+    assert ok.result["usage"]["input"] == 120 and ok.result["usage"]["output"] == 30
+    assert (await _call(CASES["429 then text"], "auto")).retries == [(1, 0.2)]
+    failed = await _call(CASES["500 always"], "auto")
+    assert failed.result["error_class"] == "server_error" and len(failed.requests) == RETRIES + 1
+    for case, error_class in {
+        "stall": "timeout",
+        "garbage": "bad_response",
+        "429 too long": "rate_limited",
+        "overflow": "context_overflow",
+        "400": "bad_request",
+    }.items():
+        assert (await _call(CASES[case], "auto")).result["error_class"] == error_class, case
+    assert (await _call(CASES["401"], "auto")).result["error"] == "MissingCredentials"
+    assert (await _call(CASES["404"], "auto")).result["error"] == "ModelNotFound"
+    call = await _call(CASES["tool call"], "auto")
+    assert call.result["calls"][0][1] == "ipython"
+    assert json.loads(call.result["calls"][0][2]) == {"code": "print(6 * 7)"}
+
+
+async def test_cost_comes_from_the_same_price_map() -> None:
+    script = "text: priced\nusage in=1000 out=100 cache_read=200"
+    lean = await _call(script, "auto", model=PRICED_MODEL)
+    lite = await _call(script, "litellm", model=PRICED_MODEL)
+    cost = lean.result["usage"]["cost_usd"]
+    assert cost is not None and cost > 0
+    assert lean.result == lite.result
+
+
+async def test_the_request_body_is_the_same() -> None:
+    lean = await _call("text: a", "auto", temperature=0.25)
+    lite = await _call("text: a", "litellm", temperature=0.25)
+    sent, expected = lean.requests[0], lite.requests[0]
+    assert sent == expected
+    assert sent["model"] == "fake" and sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_an_endpoint_that_is_not_there_is_unreachable(client: str) -> None:
+    settings = _settings(client)
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    mc = ModelClient(resolve_model("openai/fake", settings, api_base=url, env={}), settings)
+    retries: list[RetryInfo] = []
+
+    async def on_retry(info: RetryInfo) -> None:
+        retries.append(info)
+
+    with pytest.raises(ModelError) as caught:
+        await mc.complete(MESSAGES, on_retry=on_retry)
+    assert caught.value.error_class == "unreachable"
+    assert len(retries) == RETRIES
+    assert "check --api-base" in str(caught.value)
