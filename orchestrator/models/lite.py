@@ -40,8 +40,32 @@ def load_litellm() -> Any:
             litellm.suppress_debug_info = True  # no "Provider List: <url>" on every error
             litellm.telemetry = False
             litellm.drop_params = True  # providers that reject an optional param still work
+            # Its success-logging callbacks rebuild the whole response and walk every message
+            # of the history after each streamed call (~3 ms a call, growing with history) for
+            # loggers we never register; cost and usage are recorded by models/cost.py.
+            litellm.disable_streaming_logging = True
+            litellm.success_callback = []
+            litellm.callbacks = []
+            _silence_success_dispatch()
             _module = litellm
         return _module
+
+
+async def _no_success_logging(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _silence_success_dispatch() -> None:
+    """An async streamed call still schedules ``Logging.dispatch_success_handlers`` as a task
+    after its last chunk, whatever ``disable_streaming_logging`` says: it rebuilds the response,
+    runs the cost calculator and walks the messages, for no logger of ours. It becomes a
+    no-op; a litellm without it is left as it is."""
+    try:
+        from litellm.litellm_core_utils import litellm_logging
+    except ImportError:
+        return
+    if hasattr(litellm_logging.Logging, "dispatch_success_handlers"):
+        litellm_logging.Logging.dispatch_success_handlers = _no_success_logging  # type: ignore[method-assign]
 
 
 async def ensure_litellm() -> Any:

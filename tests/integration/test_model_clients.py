@@ -10,6 +10,7 @@ server received.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from dataclasses import dataclass
@@ -195,3 +196,38 @@ async def test_an_endpoint_that_is_not_there_is_unreachable(client: str) -> None
     assert caught.value.error_class == "unreachable"
     assert len(retries) == RETRIES
     assert "check --api-base" in str(caught.value)
+
+
+async def test_litellm_runs_no_success_logging_after_a_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """litellm's success handlers rebuild the response, price it and walk the whole history
+    after every streamed call, in a task it starts; we register no logger, so they must not run
+    (models/lite.py). The tasks litellm starts during the call are awaited before checking."""
+    from orchestrator.models.lite import load_litellm
+
+    load_litellm()
+    from litellm.litellm_core_utils import litellm_logging
+
+    ran: list[str] = []
+    for name in ("success_handler", "async_success_handler"):
+        original = getattr(litellm_logging.Logging, name)
+
+        def spy(self: Any, *args: Any, _name: str = name, _f: Any = original, **kw: Any) -> Any:
+            ran.append(_name)
+            return _f(self, *args, **kw)
+
+        monkeypatch.setattr(litellm_logging.Logging, name, spy)
+    started: list[asyncio.Task[Any]] = []
+    create_task = asyncio.create_task
+
+    def recording(coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        task = create_task(coro, **kw)
+        started.append(task)
+        return task
+
+    monkeypatch.setattr(asyncio, "create_task", recording)
+    seen = await _call("text: logged?", "litellm")
+    await asyncio.gather(*started, return_exceptions=True)
+    assert seen.result["text"] == "logged?"
+    assert ran == []
