@@ -111,6 +111,7 @@ PROTOCOL_VERSION = 1
 
 # Identifiers (client ids, command ids, session references, capability names) are short tokens.
 MAX_API_BASE_CHARS = 2048
+MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
@@ -276,6 +277,13 @@ class CreateSession(_Command):
     refine: bool | None = None  # False: this session may not /refine (default: the config's)
     autonomous: AutonomousSpec | None = None
     goal: GoalSpec | None = None
+    # The sandbox this session asks for (the CLI's --image, --workspace, --network); each left
+    # out is the daemon's config. Stored with the session: every later start uses it.
+    image: str | None = Field(
+        default=None, min_length=1, max_length=MAX_IMAGE_CHARS, pattern=r"^\S+$"
+    )
+    workspace: Literal["rw", "ro", "copy"] | None = None
+    network: bool | None = None
 
 
 class Prompt(_Command):

@@ -8,7 +8,7 @@ import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -243,6 +243,7 @@ def _through_daemon(
     mode: Mode,
     settings: Settings,
     controls: Controls | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> int:
     from orchestrator.cli.via_daemon import run_via_daemon
 
@@ -260,6 +261,7 @@ def _through_daemon(
             refine=None if settings.harness.refine_enabled else False,
             autonomous=controls.autonomous,
             goal=controls.goal,
+            sandbox=sandbox,
             abort=abort,
         )
     )
@@ -305,18 +307,17 @@ def _run(
             sandbox=settings.sandbox.model_copy(update=sandbox_options)
         )
     if not no_daemon and daemon_info() is not None:
-        if sandbox_options:
-            raise UserError(
-                "--workspace/--image: a running daemon uses [sandbox] from its config.toml; "
-                "set it there, or add --no-daemon"
-            )
         if nats_url is not None and nats_url != configured_nats_url:
             raise UserError(
                 "--nats-url: a running daemon uses the bus from its config.toml; "
                 "set [nats] url there, or add --no-daemon"
             )
         # A running daemon owns the database: go through it (same output, same exit codes).
-        return _through_daemon(text, model_sel, api_base, cwd, backend, mode, settings, controls)
+        # The sandbox choices travel with the session (stored in its policy).
+        sandbox = {**sandbox_options, "network": network}
+        return _through_daemon(
+            text, model_sel, api_base, cwd, backend, mode, settings, controls, sandbox
+        )
     from orchestrator.models.lite import preload_in_background
     from orchestrator.models.registry import resolve_model
     from orchestrator.sessions.runner import RunOptions, run_session

@@ -73,8 +73,10 @@ async def run_via_daemon(
     refine: bool | None = None,
     autonomous: dict[str, Any] | None = None,
     goal: dict[str, Any] | None = None,
+    sandbox: dict[str, Any] | None = None,
     abort: asyncio.Event | None = None,
 ) -> int:
+    """``sandbox``: the run's ``image``, ``workspace`` and ``network`` (each optional)."""
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
 
@@ -91,6 +93,7 @@ async def run_via_daemon(
                     refine=refine,
                     autonomous=autonomous,
                     goal=goal,
+                    **(sandbox or {}),
                 ),
                 timeout=CREATE_TIMEOUT_S,
             )
@@ -99,6 +102,8 @@ async def run_via_daemon(
             return EXIT_USAGE
         if created.get("warning"):  # the local backend: the session is not isolated
             print(f"prime-agent: warning: {created['warning']}", file=sys.stderr)
+        if created.get("notice"):  # config.toml changed where only a daemon restart applies it
+            print(f"prime-agent: note: {created['notice']}", file=sys.stderr)
         return await _run(
             link,
             str(created["session"]),

@@ -134,6 +134,11 @@ class CommandContext(Protocol):
     @property
     def store(self) -> Store: ...
 
+    def settings_for_new_session(self) -> tuple[Settings, str | None]:
+        """config.toml as it is now, for a new session; and a notice naming the sections that
+        changed but apply only after a restart (``ConfigError``: the file no longer parses)."""
+        ...
+
     async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
         """The model with a live endpoint (starts the embedded model once, lazily)."""
         ...

@@ -94,6 +94,7 @@ from orchestrator.sessions.manager import (
     SessionNotLoadable,
 )
 from orchestrator.sessions.post_turn import begin_run, first_input
+from orchestrator.sessions.sandbox_policy import SandboxChoice
 from orchestrator.store.db import EventRecord, SessionRecord
 from orchestrator.store.events import RunEndPayload, UserMessagePayload
 from orchestrator.store.queries import UsageSummary, select_last_event_times
@@ -139,6 +140,7 @@ class HandlerSessionControl(SessionControl, Protocol):
         budget: int | None,
         backend: str | None,
         refine: bool | None,
+        sandbox: SandboxChoice | None,
     ) -> LiveSession:
         """A new root session and its driver (its sandbox starts now)."""
         ...
@@ -580,10 +582,11 @@ class DaemonHandler(CommandHandler):
             raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
         policy = _policy(command)
         try:
+            settings, notice = daemon.settings_for_new_session()  # config.toml as it is now
             choice = await daemon.choose_backend(command.backend)
-            if resolving_needs_litellm(command.model, daemon.settings):
+            if resolving_needs_litellm(command.model, settings):
                 await ensure_litellm()  # its first import must not stall the daemon's loop
-            model = resolve_model(command.model, daemon.settings, api_base=command.api_base)
+            model = resolve_model(command.model, settings, api_base=command.api_base)
             model = await daemon.endpoint_for(model)
         except UserError as exc:
             raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
@@ -593,9 +596,14 @@ class DaemonHandler(CommandHandler):
             model=model,
             cwd=cwd.resolve(),
             name=name,
-            budget=daemon.settings.session_token_budget,
+            budget=settings.session_token_budget,
             backend=choice.name,
-            refine=command.refine,
+            refine=command.refine
+            if command.refine is not None
+            else settings.harness.refine_enabled,
+            sandbox=SandboxChoice(
+                image=command.image, workspace=command.workspace, network=command.network
+            ),
         )
         start = await _begin_run(daemon, live, policy, command)
         status = None
@@ -608,6 +616,7 @@ class DaemonHandler(CommandHandler):
             "backend": live.record.backend,
             "prompt": status,
             "warning": choice.warning or None,  # local: NOT isolated (the CLI and TUI show it)
+            "notice": notice,  # config.toml changed where only a restart applies it
         }
 
     async def _submit(self, selector: str, text: str, mode: str) -> JsonObject:

@@ -37,6 +37,7 @@ from orchestrator.api.protocol import E_BUSY, STREAM_EVENT_TYPES
 from orchestrator.api.server import ControlServer, default_socket_path
 from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
+from orchestrator.daemon.config_watch import ConfigWatch, restart_notice
 from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.daemon.schedule_link import make_scheduler, record_interrupted
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -94,6 +95,11 @@ class Daemon:
     ):
         self.paths = paths or Paths.from_env()
         self.settings = settings or load_settings(self.paths.config_file)
+        # Settings given by the caller (tests, embedders) are final; read from the file, new
+        # sessions follow the file's edits (config_watch.py).
+        self.config = (
+            None if settings is not None else ConfigWatch(self.paths.config_file, self.settings)
+        )
         self.socket_path = socket_path or default_socket_path(self.paths)
         self.started_monotonic = time.monotonic()
         self.handler = DaemonHandler(self)
@@ -139,6 +145,14 @@ class Daemon:
 
     def request_shutdown(self) -> None:
         self._stop.set()
+
+    def settings_for_new_session(self) -> tuple[Settings, str | None]:
+        """config.toml as it is now (``ConfigError`` when it no longer parses), and a notice
+        when a section only a restart applies changed."""
+        if self.config is None:
+            return self.settings, None
+        current, changed = self.config.current()
+        return current, restart_notice(changed, self.config.path)
 
     async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
         """Remote models as they are; the embedded model gets the endpoint of the one server

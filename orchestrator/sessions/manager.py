@@ -49,7 +49,12 @@ from orchestrator.sessions.notices import (
 )
 from orchestrator.sessions.post_turn import after_turn
 from orchestrator.sessions.prompting import PromptBuilder
-from orchestrator.sessions.sandbox_policy import apply_policy, policy_for
+from orchestrator.sessions.sandbox_policy import (
+    SandboxChoice,
+    apply_policy,
+    chosen_policy,
+    policy_for,
+)
 from orchestrator.sessions.sandbox_records import ADOPTED_NOTICE, AdoptedSandboxes
 from orchestrator.sessions.session_bus import SessionBus
 from orchestrator.sessions.session_target import SessionTarget
@@ -230,6 +235,7 @@ class Orchestrator:
         backend: str | None = None,
         refine: bool | None = None,
         session_id: str | None = None,
+        sandbox: SandboxChoice | None = None,
     ) -> LiveSession:
         """A new session (and its driver; its sandbox starts now when ``eager_sandbox``).
         ``refine``: whether it may /refine; None inherits the parent's, or the config's.
@@ -248,6 +254,8 @@ class Orchestrator:
         )
         if policy.backend != backend:
             policy = policy.model_copy(update={"backend": backend})
+        if parent is None:  # a child's sandbox is its parent's, whatever it asks
+            policy = chosen_policy(policy, sandbox)
         if name is None and name_for is not None:
             name = name_for(child_id_for(session_id))
         record = SessionRecord(

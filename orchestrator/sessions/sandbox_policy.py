@@ -10,12 +10,31 @@ network) still gives the session what it was created with (docs/daemon.md).
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
+from pydantic import ValidationError
+
+from orchestrator.errors import UserError
 from orchestrator.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import Settings
 
-__all__ = ["apply_policy", "policy_for"]
+__all__ = ["SandboxChoice", "apply_policy", "chosen_policy", "policy_for"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxChoice:
+    """What one run asks of its root session's sandbox (``-p --image rust --network``); each
+    ``None`` is the backend's default. It becomes part of the stored policy, so the choice
+    travels with the session through every later start, wake and daemon."""
+
+    image: str | None = None
+    workspace: Literal["rw", "ro", "copy"] | None = None
+    network: bool | None = None
+
+    def fields(self) -> dict[str, object]:
+        chosen = {"image": self.image, "workspace": self.workspace, "network": self.network}
+        return {k: v for k, v in chosen.items() if v is not None}
 
 
 def policy_for(backend: SandboxBackend, settings: Settings) -> StoredSandboxPolicy:
@@ -37,6 +56,20 @@ def policy_for(backend: SandboxBackend, settings: Settings) -> StoredSandboxPoli
         cpus=float(cpus) if isinstance(cpus, int | float) else sandbox.cpus,
         pids=pids if isinstance(pids, int) else sandbox.pids_limit,
     )
+
+
+def chosen_policy(policy: StoredSandboxPolicy, choice: SandboxChoice | None) -> StoredSandboxPolicy:
+    """``policy`` with ``choice`` applied, validated like a stored one (a bad image name is a
+    one-line ``UserError`` here, not a failed sandbox start later)."""
+    fields = choice.fields() if choice is not None else {}
+    if not fields:
+        return policy
+    try:
+        return StoredSandboxPolicy.model_validate({**policy.model_dump(), **fields})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "sandbox"
+        raise UserError(f"sandbox {where}: {error['msg']}") from None
 
 
 def apply_policy(spec: SandboxSpec, policy: StoredSandboxPolicy) -> SandboxSpec:

@@ -164,3 +164,68 @@ def test_import_with_the_local_backend_warns_without_and_with_a_daemon(
     )
     if not usable:
         need("bwrap", "the bwrap import was not run")
+
+
+WRITE_PROBE = """
+repeat forever:
+    when "probe":
+        code:
+            try:
+                open("probe.txt", "w").write("x")
+                print("WROTE")
+            except OSError as exc:
+                import errno
+                print("REFUSED", errno.errorcode.get(exc.errno or 0))
+    when "WROTE": text: wrote
+    when "EROFS": text: read-only
+    when "REFUSED": text: refused
+"""
+
+
+def _stored_policies() -> dict[str, dict[str, object]]:
+    """Each session's stored sandbox policy, read from the database (no daemon running)."""
+    import duckdb
+
+    from orchestrator.paths import Paths
+
+    con = duckdb.connect(str(Paths.from_env().database_file), read_only=True)
+    try:
+        rows = con.execute("SELECT name, sandbox_policy FROM sessions").fetchall()
+    finally:
+        con.close()
+    return {str(name): json.loads(policy) for name, policy in rows}
+
+
+def test_through_the_daemon_a_run_keeps_its_own_sandbox_choices(tmp_path: Path) -> None:
+    """--image, --workspace and --network travel with the session to a running daemon (they
+    were refused there): stored in its policy, and the sandbox is started with them."""
+    needs_bwrap()
+    project = tmp_path / "project"
+    project.mkdir()
+    project.chmod(0o777)  # whoever the sandbox runs as may write here, unless mounted read-only
+    with FakeModelServer(WRITE_PROBE) as srv:
+        write_config("retry_base_delay_s = 0.01\n")
+        started = cli(["daemon", "start"], timeout=CLI_TIMEOUT_S)
+        assert started.returncode == 0, started.stderr
+        flags = ["--backend", "bwrap", "--model", "openai/fake", "--api-base", srv.url]
+        chosen = cli(
+            ["-p", "probe ro", *flags, "--workspace", "ro", "--image", "rust", "--network"],
+            timeout=CLI_TIMEOUT_S,
+            cwd=project,
+        )
+        plain = cli(["-p", "probe rw", *flags], timeout=CLI_TIMEOUT_S, cwd=project)
+        stopped = cli(["daemon", "stop"], timeout=CLI_TIMEOUT_S)
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout == "read-only\n", chosen.stderr  # the read-only workspace was enforced
+    assert plain.returncode == 0 and plain.stdout == "wrote\n", plain.stderr
+    assert stopped.returncode == 0, stopped.stderr
+    policies = _stored_policies()
+    assert {k: policies["probe ro"][k] for k in ("image", "workspace", "network")} == {
+        "image": "rust",
+        "workspace": "ro",
+        "network": True,
+    }
+    assert {k: policies["probe rw"][k] for k in ("workspace", "network")} == {
+        "workspace": "rw",
+        "network": False,
+    }

@@ -320,7 +320,12 @@ def test_continue_and_resume(
         if line.startswith("import time:")
     }
     assert "orchestrator.cli.via_daemon" in imported
-    assert not imported & {"orchestrator.sessions.runner", "litellm", "orchestrator.store.db"}
+    assert not imported & {
+        "orchestrator.sessions.runner",
+        "litellm",
+        "duckdb",
+        "orchestrator.store.db",
+    }
 
     # --continue: the newest session of this directory, with its history.
     cont = cli(["--continue", "-p", "what number?"], cwd=project)
@@ -423,3 +428,39 @@ def test_idempotent_commands_survive_a_daemon_restart(
     journal = Paths.from_env().runtime_dir / JOURNAL_FILE_NAME
     assert journal.stat().st_mode & 0o777 == JOURNAL_FILE_MODE
     assert cli(["daemon", "stop"]).returncode == 0
+
+
+def test_new_sessions_see_config_toml_as_it_is_now(autostart: None, tmp_path: Path) -> None:
+    """An edit of config.toml reaches the next session without a restart; a section only a
+    restart applies is named in one line; a file that no longer parses fails that run in one
+    line and the daemon keeps serving."""
+    with (
+        FakeModelServer("repeat forever:\n    text: from A") as first,
+        FakeModelServer("repeat forever:\n    text: from B") as second,
+    ):
+        _configure(first)
+        started = cli(["daemon", "start"])
+        assert started.returncode == 0, started.stderr
+        before = cli(["-p", "hi", "--model", "openai/fake"], timeout=TURN_TIMEOUT_S)
+        assert before.returncode == 0 and before.stdout == "from A\n", before.stderr
+
+        _configure(second)  # the same model, another endpoint: no restart
+        after = cli(["-p", "hi", "--model", "openai/fake"], timeout=TURN_TIMEOUT_S)
+        assert after.returncode == 0 and after.stdout == "from B\n", after.stderr
+        assert "daemon restart" not in after.stderr
+        assert len(first.requests) == 1 and len(second.requests) == 1
+
+        write_config(
+            FAST_RETRIES
+            + f'[models."openai/fake"]\napi_base = "{second.url}"\n[sandbox]\ncpus = 1.5\n'
+        )
+        noted = cli(["-p", "hi", "--model", "openai/fake"], timeout=TURN_TIMEOUT_S)
+        assert noted.returncode == 0 and noted.stdout == "from B\n", noted.stderr
+        assert "[sandbox] changed since the daemon started" in noted.stderr
+        assert "prime-agent daemon restart" in noted.stderr
+
+        write_config("this is [not toml\n")
+        broken = cli(["-p", "hi", "--model", "openai/fake"], timeout=TURN_TIMEOUT_S)
+        assert broken.returncode == 2
+        assert "not valid TOML" in broken.stderr and "Traceback" not in broken.stderr
+        assert len(daemon_pids()) == 1  # still serving
