@@ -111,6 +111,10 @@ PROTOCOL_VERSION = 1
 
 # Identifiers (client ids, command ids, session references, capability names) are short tokens.
 MAX_API_BASE_CHARS = 2048
+MAX_CLIENT_ENV = 8  # a key variable and OPENAI_BASE_URL; room to spare
+MAX_ENV_VALUE_CHARS = 8192
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
 MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
@@ -284,6 +288,10 @@ class CreateSession(_Command):
     )
     workspace: Literal["rw", "ro", "copy"] | None = None
     network: bool | None = None
+    # The client's values of the variables the model reads (its key, OPENAI_BASE_URL): used
+    # for this session (and its family) only, held in the daemon's memory, never written
+    # anywhere (not even into the idempotency journal's fingerprint). None: the daemon's own.
+    client_env: dict[EnvName, EnvValue] | None = Field(default=None, max_length=MAX_CLIENT_ENV)
 
 
 class Prompt(_Command):
@@ -763,5 +771,6 @@ server_message_adapter: TypeAdapter[ServerMessage] = TypeAdapter(ServerMessage)
 
 def command_fingerprint(command: BaseModel) -> str:
     """A digest of a command without its id: a repeated id must carry the same command."""
-    body = command.model_dump_json(exclude={"command_id"})
+    # A client's environment (keys) never reaches the journal, not even as a digest.
+    body = command.model_dump_json(exclude={"command_id", "client_env"})
     return hashlib.sha256(body.encode()).hexdigest()

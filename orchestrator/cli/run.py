@@ -313,8 +313,16 @@ def _run(
                 "set [nats] url there, or add --no-daemon"
             )
         # A running daemon owns the database: go through it (same output, same exit codes).
-        # The sandbox choices travel with the session (stored in its policy).
-        sandbox = {**sandbox_options, "network": network}
+        from orchestrator.models.registry import client_env_names
+
+        # The sandbox choices travel with the session (stored in its policy), and so do this
+        # shell's key and OPENAI_BASE_URL (in the daemon's memory only).
+        client_env = {
+            name: os.environ[name]
+            for name in client_env_names(model_sel, settings)
+            if os.environ.get(name)
+        }
+        sandbox = {**sandbox_options, "network": network, "client_env": client_env}
         return _through_daemon(
             text, model_sel, api_base, cwd, backend, mode, settings, controls, sandbox
         )

@@ -76,7 +76,8 @@ async def run_via_daemon(
     sandbox: dict[str, Any] | None = None,
     abort: asyncio.Event | None = None,
 ) -> int:
-    """``sandbox``: the run's ``image``, ``workspace`` and ``network`` (each optional)."""
+    """``sandbox``: the run's ``image``, ``workspace``, ``network`` and ``client_env`` (each
+    optional; ``CreateSession`` fields)."""
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
 

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -84,7 +84,12 @@ from orchestrator.daemon import (
 from orchestrator.daemon.command_context import CommandContext, SessionControl
 from orchestrator.errors import UserError
 from orchestrator.models.lite import ensure_litellm
-from orchestrator.models.registry import ResolvedModel, resolve_model, resolving_needs_litellm
+from orchestrator.models.registry import (
+    OPENAI_BASE_URL_ENV,
+    ResolvedModel,
+    resolve_model,
+    resolving_needs_litellm,
+)
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -147,6 +152,10 @@ class HandlerSessionControl(SessionControl, Protocol):
 
     async def load_session(self, record: SessionRecord) -> LiveSession:
         """The live session for ``record``, loaded from the store when it is not loaded."""
+        ...
+
+    def remember_client_env(self, root_id: str, env: Mapping[str, str]) -> None:
+        """The client's key variables for ``root_id``'s family, in memory only."""
         ...
 
     async def wait_quiet(self, root_id: str, timeout_s: float) -> None:
@@ -218,6 +227,18 @@ def _session_dict(rec: SessionRecord, live: LiveSession | None) -> JsonObject:
         "created_at": rec.created_at.isoformat(),
         "updated_at": rec.updated_at.isoformat(),
     }
+
+
+def model_env(client_env: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """Where a new session's model reads its key and ``OPENAI_BASE_URL``: with a client's
+    environment, that first and the daemon's for the rest — but never the daemon's
+    ``OPENAI_BASE_URL``, which would send the client's history to an endpoint it did not name;
+    without one (the TUI, other clients), the daemon's own (None)."""
+    if client_env is None:
+        return None
+    env = {k: v for k, v in os.environ.items() if k != OPENAI_BASE_URL_ENV}
+    env.update(client_env)
+    return env
 
 
 def _policy(command: CreateSession) -> AutonomousPolicy | None:
@@ -586,7 +607,12 @@ class DaemonHandler(CommandHandler):
             choice = await daemon.choose_backend(command.backend)
             if resolving_needs_litellm(command.model, settings):
                 await ensure_litellm()  # its first import must not stall the daemon's loop
-            model = resolve_model(command.model, settings, api_base=command.api_base)
+            model = resolve_model(
+                command.model,
+                settings,
+                api_base=command.api_base,
+                env=model_env(command.client_env),
+            )
             model = await daemon.endpoint_for(model)
         except UserError as exc:
             raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
@@ -605,6 +631,8 @@ class DaemonHandler(CommandHandler):
                 image=command.image, workspace=command.workspace, network=command.network
             ),
         )
+        if command.client_env:  # its family's wakes read the key from here, not our env
+            daemon.orch.remember_client_env(live.id, command.client_env)
         start = await _begin_run(daemon, live, policy, command)
         status = None
         if task or start is not None:

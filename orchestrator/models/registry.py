@@ -30,9 +30,11 @@ from orchestrator.settings import (
 
 __all__ = [
     "DUMMY_API_KEY",
+    "OPENAI_BASE_URL_ENV",
     "OPENAI_COMPATIBLE_PROVIDERS",
     "Prices",
     "ResolvedModel",
+    "client_env_names",
     "litellm_expected",
     "resolve_model",
     "resolve_stored",
@@ -156,6 +158,29 @@ def resolving_needs_litellm(selector: str | None, settings: Settings) -> bool:
     return provider not in _KEY_VARS and provider not in _KEYLESS
 
 
+OPENAI_BASE_URL_ENV = "OPENAI_BASE_URL"
+
+
+def client_env_names(selector: str | None, settings: Settings) -> frozenset[str]:
+    """The environment variables resolving ``selector`` may read: its key's variable and, for
+    the ``openai`` provider, ``OPENAI_BASE_URL``. A client sends its own values of these with a
+    new session, so a daemon started elsewhere calls the endpoint, with the key, of the shell
+    the run came from (docs/daemon.md, "Whose environment")."""
+    chosen = (selector or settings.default_model or "").strip()
+    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
+        return frozenset()
+    provider = chosen.split("/", 1)[0]
+    cfg = settings.models.get(chosen)
+    names: set[str] = set()
+    if cfg is not None and cfg.api_key_env:
+        names.add(cfg.api_key_env)
+    elif provider in _KEY_VARS:
+        names.add(_KEY_VARS[provider])
+    if provider == "openai" and (cfg is None or cfg.api_base is None):
+        names.add(OPENAI_BASE_URL_ENV)
+    return frozenset(names)
+
+
 def litellm_expected(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
     """True when the configured default model will be called through litellm (or everything
     is, ``model_client = "litellm"``): worth importing it at start, on a thread."""
@@ -169,7 +194,7 @@ def litellm_expected(settings: Settings, env: Mapping[str, str] | None = None) -
     provider = chosen.split("/", 1)[0]
     base = cfg.api_base if cfg is not None else None
     if base is None and provider == "openai":
-        base = env.get("OPENAI_BASE_URL") or None
+        base = env.get(OPENAI_BASE_URL_ENV) or None
     return base is None or provider not in OPENAI_COMPATIBLE_PROVIDERS
 
 

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.models.client import ModelClient
 from orchestrator.models.openai_stream import close_pools
 from orchestrator.models.registry import (
+    OPENAI_BASE_URL_ENV,
     ResolvedModel,
     resolve_model,
     resolve_stored,
@@ -95,6 +97,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOTICE_PREVIEW_CHARS = 600
+# Roots whose creating client's key variables are kept in memory (remember_client_env).
+CLIENT_ENV_ROOTS_MAX: Final = 4096
 # The recent state changes of every session (``Orchestrator.transitions``), for inspection:
 # the oldest go first once this many are kept.
 RECENT_TRANSITIONS_MAX: Final = 256
@@ -178,6 +182,8 @@ class Orchestrator:
         # below (the daemon's port: ``daemon/command_context.SessionControl``).
         self.sessions: dict[str, LiveSession] = {}
         self.budgets = BudgetTree()
+        # root id -> the key variables its creating client sent (remember_client_env)
+        self._client_env: collections.OrderedDict[str, dict[str, str]] = collections.OrderedDict()
         self._resolve = resolve or self._resolve_from_settings
         # Notified at every change of a session's state (and after an abort): wait_quiet.
         self._changed = asyncio.Condition()
@@ -409,6 +415,23 @@ class Orchestrator:
         log.info("loaded session %s from the store (%d events on its path)", session_id, len(path))
         return live
 
+    def remember_client_env(self, root_id: str, env: Mapping[str, str]) -> None:
+        """The key variables the client that created ``root_id`` sent (``create_session``):
+        its family's wakes read them before this process's environment. Memory only, never
+        ``OPENAI_BASE_URL`` (the endpoint is stored with the session); the oldest roots are
+        forgotten past ``CLIENT_ENV_ROOTS_MAX``."""
+        kept = {k: v for k, v in env.items() if k != OPENAI_BASE_URL_ENV}
+        if not kept:
+            return
+        self._client_env[root_id] = kept
+        self._client_env.move_to_end(root_id)
+        while len(self._client_env) > CLIENT_ENV_ROOTS_MAX:
+            self._client_env.popitem(last=False)
+
+    def _client_env_of(self, root_id: str) -> Mapping[str, str] | None:
+        kept = self._client_env.get(root_id)
+        return None if kept is None else {**os.environ, **kept}
+
     async def _stored_model(self, record: SessionRecord) -> tuple[SessionRecord, ResolvedModel]:
         """The model ``record`` stored, usable again (its endpoint, never this process's
         ``OPENAI_BASE_URL``); ``MissingCredentials`` when its key's variable is gone.
@@ -422,7 +445,8 @@ class Orchestrator:
         if spec is not None:
             if spec.embedded:  # its endpoint is this process's server
                 return record, await self._resolve(spec.selector)
-            return record, resolve_stored(spec, self.settings, session=record.id)
+            env = self._client_env_of(record.root_id)
+            return record, resolve_stored(spec, self.settings, env=env, session=record.id)
         model = await self._resolve(record.model)
         fields: dict[str, Any] = {"model_spec": stored_model(model)}
         backend = self.backends.get(record.backend)

@@ -19,7 +19,9 @@ file, local kernel gateways and two scripted models over real HTTP on the loopba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -441,3 +443,54 @@ async def test_a_stored_spec_that_cannot_be_read_refuses_the_load() -> None:
                 await orch.load_session_id(sid)
         finally:
             await orch.close()
+
+
+CLIENT_KEY = "sk-client-0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+DAEMON_KEY = "sk-daemon-ffeeddccbbaa99887766554433221100"
+
+
+def _files_under(root: Path) -> bytes:
+    data = b""
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                data += path.read_bytes()
+    return data
+
+
+def test_a_clients_key_and_base_url_travel_with_its_session(
+    servers: tuple[FakeModelServer, FakeModelServer],
+    daemons: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon started from another shell (its own key, its OPENAI_BASE_URL at B) calls the
+    endpoint and uses the key of the shell a run came from, for that session's family, also
+    after an idle unload and a wake; the key is written nowhere."""
+    a, b = servers
+    write_config(BASE_CONFIG)
+    monkeypatch.setenv("OPENAI_API_KEY", DAEMON_KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", b.url)
+    _start_daemon()
+
+    monkeypatch.setenv("OPENAI_API_KEY", CLIENT_KEY)  # this shell's
+    monkeypatch.setenv("OPENAI_BASE_URL", a.url)
+    first = cli(["-p", "hello", "--mode", "json", "--model", "openai/fake"], cwd=tmp_path)
+    sid = _created(first)
+    assert b.requests == [] and _authorizations(a) == {f"Bearer {CLIENT_KEY}"}
+
+    # Out of memory and woken by a prompt (no client env on that path): the key this
+    # session's client sent, not the daemon's.
+    asyncio.run(_prompt_then_unloaded(sid, "hello", "hi there"))
+    asyncio.run(_prompt_then_unloaded(sid, "hello", "hi there"))
+    assert b.requests == []
+    assert _authorizations(a) == {f"Bearer {CLIENT_KEY}"}
+
+    stop = daemon_cli("stop")
+    assert stop.returncode == 0, stop.stderr
+    rows = asyncio.run(_rows())
+    assert rows[sid].model_spec is not None and rows[sid].model_spec.api_base == a.url
+    assert CLIENT_KEY.encode() not in _database_bytes()
+    runtime = Path(os.environ["XDG_RUNTIME_DIR"])
+    state = Path(os.environ["XDG_DATA_HOME"])
+    assert CLIENT_KEY.encode() not in _files_under(runtime) + _files_under(state)
