@@ -270,6 +270,18 @@ def _through_daemon(
     return code
 
 
+def _daemon_for_run(own_bus: bool) -> bool:
+    """Whether this run goes through the user's daemon: one that runs, else one started now
+    (autostart: ``[daemon] autostart``, ``PRIME_AGENT_DAEMON_AUTOSTART``), so any number of
+    runs share one host. A run on its own ``--nats-url`` starts none: it runs here."""
+    from orchestrator.cli.connect import ensure_daemon
+    from orchestrator.cli.daemon import daemon_info
+
+    if daemon_info() is not None:
+        return True
+    return not own_bus and ensure_daemon()
+
+
 def _run(
     text: str,
     model_sel: str | None,
@@ -288,7 +300,6 @@ def _run(
 ) -> int:
     # Only what both paths need: a run through the daemon must not pay for importing the
     # session stack (~0.5 s of the CLI's start) it does not use.
-    from orchestrator.cli.daemon import daemon_info
     from orchestrator.settings import load_settings
 
     paths = Paths.from_env()
@@ -306,8 +317,9 @@ def _run(
         settings = settings.with_overrides(
             sandbox=settings.sandbox.model_copy(update=sandbox_options)
         )
-    if not no_daemon and daemon_info() is not None:
-        if nats_url is not None and nats_url != configured_nats_url:
+    own_bus = nats_url is not None and nats_url != configured_nats_url
+    if not no_daemon and _daemon_for_run(own_bus):
+        if own_bus:
             raise UserError(
                 "--nats-url: a running daemon uses the bus from its config.toml; "
                 "set [nats] url there, or add --no-daemon"

@@ -238,8 +238,8 @@ def test_agents_starts_one_daemon_and_json_mode_streams_the_family(autostart: No
 
 
 def test_send_attach_observe(autostart: None, model: FakeModelServer) -> None:
-    # A session from an in-process run (print mode does not start the daemon) ...
-    first = cli(["-p", "first task", "--model", "openai/fake"])
+    # A session from an in-process run (--no-daemon: print mode would start the daemon) ...
+    first = cli(["-p", "first task", "--model", "openai/fake", "--no-daemon"])
     assert first.returncode == 0, first.stderr
     assert first.stdout == "first answer\n"
     assert daemon_pids() == []
@@ -464,3 +464,32 @@ def test_new_sessions_see_config_toml_as_it_is_now(autostart: None, tmp_path: Pa
         assert broken.returncode == 2
         assert "not valid TOML" in broken.stderr and "Traceback" not in broken.stderr
         assert len(daemon_pids()) == 1  # still serving
+
+
+def test_print_mode_starts_the_daemon_and_concurrent_runs_share_it(
+    autostart: None, model: FakeModelServer, tmp_path: Path
+) -> None:
+    """No daemon runs: two `-p` runs at once both start one (only one comes up), both go
+    through it (no "database in use"), and it stays for the next run."""
+    assert daemon_pids() == []
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "-p", task, "--model", "openai/fake"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+        for task in ("first task", "hello there")
+    ]
+    outputs = [run.communicate(timeout=TURN_TIMEOUT_S) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    assert [out for out, _ in outputs] == ["first answer\n", "hi back\n"]
+    assert len(daemon_pids()) == 1
+    again = cli(["-p", "remember 7", "--model", "openai/fake"], cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == "noted 7\n", again.stderr
+    assert len(daemon_pids()) == 1
+    listing = cli(["agents", "--json"])
+    assert listing.returncode == 0, listing.stderr
+    assert len(json.loads(listing.stdout)) == 3  # all three in the daemon's one database
