@@ -1,7 +1,9 @@
 """Cold start of ``prime-agent -p`` against the fake model: spawn → exit of the whole program.
 
 Each run is a fresh ``python -m orchestrator -p hi --model openai/fake --api-base URL`` with
-fresh XDG dirs (no database, no config), one text reply from the fake server. Timestamps:
+fresh XDG dirs (no database, no config, no daemon running), one text reply from the fake
+server. ``-p`` starts the user's daemon when none runs (autostart), so spawn → exit includes
+the daemon's start; the daemon is stopped after each run (outside the timing). Timestamps:
 spawn, the answer line on stdout, process exit. ``-p`` prints the answer after the session is
 wound up (run_end recorded, sandbox stopped, store closed), so "answer → exit" is only what
 follows: closing the event loop and the interpreter's own exit.
@@ -111,6 +113,14 @@ def _one(api_base: str, base: Path) -> tuple[float, float]:
             proc.wait()
             raise
         finished = time.perf_counter()
+        # -p started a daemon (autostart): stop it, so the next run starts cold again.
+        subprocess.run(
+            [PYTHON, "-m", "orchestrator", "daemon", "stop"],
+            env=cli_env(xdg),
+            cwd=workdir,
+            capture_output=True,
+            timeout=RUN_TIMEOUT_S,
+        )
         reader.join(5)
         stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         if proc.stderr is not None:

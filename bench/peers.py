@@ -16,10 +16,14 @@ Scenarios (each a median over ``--runs`` runs):
 - memory: peak RSS summed over the process tree of a ``--steps`` run. Ours also without the
   Kernel Gateway and kernel (the peers' REPL runs in their own process, ours in a sandbox).
 
+- concurrent: ``--sessions`` N sessions × ``bench_concurrent.STEPS`` steps through one daemon,
+  against N peer processes started at once (``bench_concurrent`` says what each figure is):
+  step gap p50 and p95, first cell p50, wall; and our daemon's CPU per step.
+
 Ratios: ours/peer per scenario, and ours/floor for the step gap, the floor being the cell
 round trip through the Kernel Gateway (the ``cell`` time ``bench_overhead`` records).
-Not measured yet: warm ``-p`` through a running daemon, and 20/50 concurrent sessions
-(docs/benchmarks.md says what is missing). These are measurements, never pass/fail.
+Not measured yet: warm ``-p`` through a running daemon (``bench_daemon`` has it, without
+peers). These are measurements, never pass/fail.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
+from bench import bench_concurrent
 from bench.common import (
     PROVIDER_KEY_VARS,
     REPO_ROOT,
@@ -66,8 +71,11 @@ MS_PER_S: Final = 1000.0
 KIB_PER_MIB: Final = 1024.0
 # Roles of our process tree that are the sandbox, not the host side.
 SANDBOX_ROLES: Final = ("gateway", "kernel")
-SCENARIOS: Final = ("step_gap", "cold_p", "memory")
+SCENARIOS: Final = ("step_gap", "cold_p", "memory", "concurrent")
+SINGLE_SCENARIOS: Final = frozenset({"step_gap", "cold_p", "memory"})  # use the peers' step runs
+DEFAULT_SESSIONS: Final = "20,50"
 COL: Final = 12
+P95: Final = 0.95
 
 
 # --- the peers' venv ------------------------------------------------------------------------
@@ -205,6 +213,62 @@ def ours_memory(
     return whole, host, roles
 
 
+def concurrent_rows(counts: list[int], peers: list[str], base: Path) -> list[dict[str, Any]]:
+    """Per session count: step gap p50 and p95, first cell, wall, our daemon CPU per step."""
+    rows: list[dict[str, Any]] = []
+    for n in counts:
+        print(f"concurrent: {n} sessions ...", flush=True)
+        ours = bench_concurrent.ours(n, base)
+        theirs = {p: bench_concurrent.peers(p, n, base, PEER_PYTHON, PEER_AGENT) for p in peers}
+        gaps = {p: theirs[p]["gaps_ms"] for p in peers}
+        rows.append(
+            {
+                "name": f"{n} at once: step gap p50",
+                "unit": "ms",
+                "ours": ours["gaps_ms"],
+                "peers": gaps,
+            }
+        )
+        rows.append(
+            {
+                "name": f"{n} at once: step gap p95",
+                "unit": "ms",
+                "ours": [_p95(ours["gaps_ms"])],
+                "peers": {p: [_p95(g)] for p, g in gaps.items()},
+            }
+        )
+        rows.append(
+            {
+                "name": f"{n} at once: first cell p50",
+                "unit": "ms",
+                "ours": ours["first_ms"],
+                "peers": {p: theirs[p]["first_ms"] for p in peers},
+            }
+        )
+        rows.append(
+            {
+                "name": f"{n} at once: wall",
+                "unit": "s",
+                "ours": [ours["wall_s"]],
+                "peers": {p: [theirs[p]["wall_s"]] for p in peers},
+            }
+        )
+        rows.append(
+            {
+                "name": f"{n} at once: daemon CPU/step",
+                "unit": "ms",
+                "ours": [ours["cpu_per_step_ms"]],
+                "peers": {},
+            }
+        )
+    return rows
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * P95))]
+
+
 # --- the table ------------------------------------------------------------------------------------
 
 
@@ -254,15 +318,21 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only", default=",".join(SCENARIOS), help=f"comma-separated, of {', '.join(SCENARIOS)}"
     )
+    parser.add_argument(
+        "--sessions", default=DEFAULT_SESSIONS, help="comma-separated session counts (concurrent)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     args = parser.parse_args(argv)
     args.peer_list = [p for p in args.peers.split(",") if p]
     args.scenarios = [s for s in args.only.split(",") if s]
+    args.session_counts = [int(n) for n in args.sessions.split(",") if n.strip().isdigit()]
     bad = [p for p in args.peer_list if p not in PEERS]
     bad += [s for s in args.scenarios if s not in SCENARIOS]
-    if bad or args.runs < 1 or args.steps < 2:
+    if bad or args.runs < 1 or args.steps < 2 or not args.session_counts:
         parser.error(
-            f"unknown peer or scenario {', '.join(bad)}" if bad else "--runs ≥ 1, --steps ≥ 2"
+            f"unknown peer or scenario {', '.join(bad)}"
+            if bad
+            else "--runs ≥ 1, --steps ≥ 2, --sessions N[,N...]"
         )
     return args
 
@@ -281,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         peer_runs: dict[str, list[dict[str, Any]]] = {}
         cold: dict[str, list[float]] = {}
         with FakeServerProcess(peer_script("smolagents", args.steps), base) as srv:
-            for peer in peers:
+            for peer in peers if set(args.scenarios) & SINGLE_SCENARIOS else ():
                 print(f"{peer}: {args.runs} runs of {args.steps} steps ...", flush=True)
                 run_peer(peer, srv, args.steps, base)  # warm-up: page cache, .pyc files
                 peer_runs[peer] = [run_peer(peer, srv, args.steps, base) for _ in range(args.runs)]
@@ -330,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                     "peers": peak,
                 }
             )
+        if "concurrent" in args.scenarios:
+            rows += concurrent_rows(args.session_counts, peers, base)
     leftovers = reap_leftovers()
     print()
     print(_table(rows, peers))
@@ -338,7 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(PINS)} in {PEERS_VENV.name}; cold -p for peers is a one-answer run in a "
         "fresh interpreter; floor = our cell round trip through the Kernel Gateway."
     )
-    print("   - not measured here yet: warm -p through a running daemon, 20/50 concurrent runs.")
+    print(
+        "   - concurrent: one run per session count (N sessions × "
+        f"{bench_concurrent.STEPS} steps); ours through one daemon (local backend, sandboxes "
+        "started first), peers as N processes at once; 'cpu' is our daemon's CPU per step."
+    )
+    print("   - not measured here: warm -p through a running daemon (bench daemon has it).")
     for item in leftovers:
         print(f"   LEFTOVER (stopped): {item}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
