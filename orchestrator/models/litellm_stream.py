@@ -23,6 +23,7 @@ from orchestrator.models.reply import (
     ModelReply,
     ToolCallParts,
     joined_calls,
+    retry_after_s,
 )
 from orchestrator.settings import Settings
 
@@ -56,16 +57,6 @@ def _header(exc: BaseException, name: str) -> str | None:
             if value is not None:
                 return str(value)
     return None
-
-
-def retry_after_s(raw: str | None) -> float | None:
-    """A Retry-After header in seconds; None for none or an HTTP date (our backoff applies)."""
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return None
 
 
 def _is_connect_failure(exc: BaseException) -> bool:

@@ -31,6 +31,7 @@ from orchestrator.models.reply import (
     ModelReply,
     ToolCallParts,
     joined_calls,
+    retry_after_s,
 )
 from orchestrator.settings import Settings
 
@@ -114,15 +115,6 @@ def _error_text(body: bytes) -> tuple[str, str]:
     return _short(raw), ""
 
 
-def _retry_after_s(raw: str | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        return None  # an HTTP date: our own backoff applies
-
-
 def _status_failure(response: httpx.Response, body: bytes) -> AttemptFailed:
     status = response.status_code
     message, code = _error_text(body)
@@ -141,7 +133,7 @@ def _status_failure(response: httpx.Response, body: bytes) -> AttemptFailed:
             "rate_limited",
             f"rate limited (429): {message}",
             status=status,
-            retry_after_s=_retry_after_s(response.headers.get("retry-after")),
+            retry_after_s=retry_after_s(response.headers.get("retry-after")),
         )
     elif status >= HTTP_SERVER_ERROR:
         kind, reason = "server_error", f"server error ({status}): {message}"

@@ -22,6 +22,7 @@ __all__ = [
     "RetryInfo",
     "ToolCallParts",
     "joined_calls",
+    "retry_after_s",
 ]
 
 FailureKind = Literal[
@@ -99,3 +100,13 @@ def joined_calls(calls: dict[int, ToolCallParts]) -> list[ToolCall]:
         )
         for i, p in sorted(calls.items())
     ]
+
+
+def retry_after_s(raw: str | None) -> float | None:
+    """A Retry-After header in seconds; None for none or an HTTP date (our backoff applies)."""
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return None
