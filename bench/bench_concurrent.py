@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import os
-import re
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +30,7 @@ from typing import Any, Final
 
 from bench import bench_daemon
 from bench.common import FakeServerProcess, cli_env, private_xdg
+from bench.peer_process import spawn, step_ends
 from orchestrator.api.protocol import Event, Resync
 
 __all__ = ["STEPS", "ours", "peer_script", "peers"]
@@ -99,35 +97,16 @@ def _cpu_s(pid: int) -> float:
 # --- peers ---------------------------------------------------------------------------------------
 
 
-def peers(peer: str, sessions: int, base: Path, python: Path, agent: Path) -> dict[str, Any]:
+def peers(peer: str, sessions: int, base: Path) -> dict[str, Any]:
     """``sessions`` processes of ``peer`` started at once on one scripted model."""
-    from bench.peers import _peer_env
-
     with FakeServerProcess(peer_script(peer), base) as srv:
         started = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [str(python), str(agent), peer, srv.url],
-                env=_peer_env(),
-                cwd=base,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            for _ in range(sessions)
-        ]
+        procs = [spawn(peer, srv.url, base) for _ in range(sessions)]
         gaps: list[float] = []
         firsts: list[float] = []
         for proc in procs:
             out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-            if proc.returncode != 0:
-                tail = err.decode(errors="replace")[-800:]
-                raise RuntimeError(f"{peer} failed ({proc.returncode}): {tail}")
-            ends = [
-                float(t) for t in json.loads(out.decode().strip().splitlines()[-1])["step_ends"]
-            ]
-            if len(ends) != STEPS + 1:
-                raise RuntimeError(f"{peer}: {len(ends)} steps, expected {STEPS + 1}")
+            ends = step_ends(peer, proc, out, err, STEPS)
             gaps += _gaps(ends)
             firsts.append((ends[0] - started) * MS_PER_S)
         wall = time.monotonic() - started
@@ -171,9 +150,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
                 event, sid = message.event, message.session
                 kind = event.get("type")
                 trail[sid].append(f"{kind} {str(event.get('payload'))[:TRAIL_CHARS]}")
-                answer = kind == "assistant_message" and re.search(
-                    r"\bdone\b", json.dumps(event.get("payload", {}))
-                )
+                answer = kind == "assistant_message" and event["payload"].get("text") == "done"
                 if kind == "tool_result" or answer:
                     ends[sid].append(time.monotonic())
                 if answer:

@@ -42,7 +42,6 @@ from typing import Any, Final
 
 from bench import bench_concurrent
 from bench.common import (
-    PROVIDER_KEY_VARS,
     REPO_ROOT,
     FakeServerProcess,
     TreeSampler,
@@ -52,12 +51,10 @@ from bench.common import (
     reap_leftovers,
     set_child_subreaper,
 )
+from bench.peer_process import PEER_PYTHON, PEERS_VENV, spawn, step_ends
 
 __all__ = ["main"]
 
-PEERS_VENV: Final = REPO_ROOT / "bench" / ".venv-peers"
-PEER_PYTHON: Final = PEERS_VENV / "bin" / "python"
-PEER_AGENT: Final = REPO_ROOT / "bench" / "_peer_agent.py"
 STAMP: Final = PEERS_VENV / ".installed"
 PINS: Final = ("smolagents[openai]==1.26.0", "rlms==0.1.3")
 PEERS: Final = ("smolagents", "rlms")
@@ -132,22 +129,11 @@ def peer_script(peer: str, steps: int) -> str:
 # --- one peer run -------------------------------------------------------------------------------
 
 
-def _peer_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in PROVIDER_KEY_VARS}
-
-
 def run_peer(peer: str, srv: FakeServerProcess, steps: int, cwd: Path) -> dict[str, Any]:
     """One peer run: wall seconds, step end times, peak RSS of its process tree."""
     srv.load(peer_script(peer, steps))
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [str(PEER_PYTHON), str(PEER_AGENT), peer, srv.url],
-        env=_peer_env(),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = spawn(peer, srv.url, cwd)
     sampler = TreeSampler(proc.pid).start()
     try:
         out, err = proc.communicate(timeout=PEER_RUN_TIMEOUT_S)
@@ -158,13 +144,7 @@ def run_peer(peer: str, srv: FakeServerProcess, steps: int, cwd: Path) -> dict[s
     finally:
         sampler.stop()
     wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace")[-800:]
-        raise RuntimeError(f"{peer} failed ({proc.returncode}): {tail}")
-    report = json.loads(out.decode().strip().splitlines()[-1])
-    ends = [float(t) for t in report["step_ends"]]
-    if report["answer"] != "done" or len(ends) != steps + 1:
-        raise RuntimeError(f"{peer}: {len(ends)} steps and answer {report['answer']!r}")
+    ends = step_ends(peer, proc, out, err, steps)
     gaps = [(b - a) * MS_PER_S for a, b in itertools.pairwise(ends)]
     return {"wall_s": wall, "gaps_ms": gaps, "peak_rss_mib": sampler.peak_rss_kib / KIB_PER_MIB}
 
@@ -219,7 +199,7 @@ def concurrent_rows(counts: list[int], peers: list[str], base: Path) -> list[dic
     for n in counts:
         print(f"concurrent: {n} sessions ...", flush=True)
         ours = bench_concurrent.ours(n, base)
-        theirs = {p: bench_concurrent.peers(p, n, base, PEER_PYTHON, PEER_AGENT) for p in peers}
+        theirs = {p: bench_concurrent.peers(p, n, base) for p in peers}
         gaps = {p: theirs[p]["gaps_ms"] for p in peers}
         rows.append(
             {
