@@ -3,26 +3,24 @@
 The embedded model, vLLM, llama.cpp, Ollama's ``/v1`` and any ``openai/NAME --api-base URL``
 speak the same chat-completions protocol, and litellm adds ~10 ms of client work per call (its
 cost calculator and logging callbacks that walk the whole history after every call) plus
-seconds and ~200 MB to import. This transport posts the request with httpx, reads the SSE
+seconds and ~200 MB to import. This transport posts the request with http1.py, reads the SSE
 stream line by line, and turns every failure into the same ``AttemptFailed`` kinds that
 litellm_stream.py derives from litellm's exceptions, so retries, usage and cost are the same
 whichever transport a session uses (tests/integration/test_model_clients.py runs both against
 the scripted model).
 
-Connections are kept alive in one httpx pool per event loop (``close_pools`` closes the pool
-of the running loop at shutdown).
+Connections are kept alive in one pool per event loop (``close_pools`` closes the pool of the
+running loop at shutdown).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-import httpx
-
+from orchestrator.models import http1
 from orchestrator.models.cost import usage_record
 from orchestrator.models.registry import OPENAI_COMPATIBLE_PROVIDERS, ResolvedModel
 from orchestrator.models.reply import (
@@ -37,9 +35,7 @@ from orchestrator.settings import Settings
 
 __all__ = ["OpenAIStream", "close_pools", "wire_model_name"]
 
-CONNECT_TIMEOUT_S: Final = 30.0
 ERROR_TEXT_MAX: Final = 300
-POOL_CONNECTIONS_MAX: Final = 256  # one per concurrently streaming session is plenty
 HTTP_BAD_REQUEST: Final = 400
 HTTP_UNAUTHORIZED: Final = 401
 HTTP_FORBIDDEN: Final = 403
@@ -61,32 +57,10 @@ _OVERFLOW_MARKERS: Final = (
     "too many tokens",
 )
 
-_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _pool(idle_s: float) -> httpx.AsyncClient:
-    loop = asyncio.get_running_loop()
-    pool = _pools.get(loop)
-    if pool is None or pool.is_closed:
-        pool = httpx.AsyncClient(
-            timeout=httpx.Timeout(idle_s, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(
-                max_connections=POOL_CONNECTIONS_MAX,
-                max_keepalive_connections=POOL_CONNECTIONS_MAX,
-            ),
-            trust_env=False,  # no proxy variables or .netrc: the endpoint is the one named
-        )
-        _pools[loop] = pool
-    return pool
-
 
 async def close_pools() -> None:
-    """Close the running loop's connection pool (the next call opens a new one)."""
-    pool = _pools.pop(asyncio.get_running_loop(), None)
-    if pool is not None:
-        await pool.aclose()
+    """Close the running loop's kept-alive connections (the next call opens new ones)."""
+    http1.close_pool()
 
 
 def wire_model_name(model: ResolvedModel) -> str:
@@ -115,8 +89,8 @@ def _error_text(body: bytes) -> tuple[str, str]:
     return _short(raw), ""
 
 
-def _status_failure(response: httpx.Response, body: bytes) -> AttemptFailed:
-    status = response.status_code
+def _status_failure(response: http1.Response, body: bytes) -> AttemptFailed:
+    status = response.status
     message, code = _error_text(body)
     lowered = f"{code} {message}".lower()
     kind: FailureKind
@@ -142,19 +116,17 @@ def _status_failure(response: httpx.Response, body: bytes) -> AttemptFailed:
     return AttemptFailed(kind, reason, status=status)
 
 
-def _transport_failure(exc: httpx.HTTPError, streaming: bool) -> AttemptFailed:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+def _transport_failure(exc: http1.HttpFailure, streaming: bool) -> AttemptFailed:
+    if exc.stage == "connect":
         return AttemptFailed("connection", f"connection failed: {exc}", connected=False)
-    if isinstance(exc, httpx.TimeoutException):
-        return AttemptFailed("timeout", "timed out waiting for the model")
     if streaming:  # the body broke off after the reply had begun
         return AttemptFailed("stream_cut", f"stream broke off: {exc}")
     return AttemptFailed("connection", f"connection failed: {exc}")
 
 
-async def _lines(response: httpx.Response, idle_s: float) -> AsyncIterator[str]:
+async def _lines(response: http1.Response, idle_s: float) -> AsyncIterator[str]:
     """The stream's lines, each within ``idle_s`` of the one before."""
-    iterator = response.aiter_lines().__aiter__()
+    iterator = response.lines().__aiter__()
     while True:
         try:
             async with asyncio.timeout(idle_s):
@@ -198,31 +170,28 @@ class OpenAIStream:
         on_delta: Callable[[str], None] | None,
     ) -> ModelReply:
         idle = self.settings.model_stream_idle_timeout_s
-        pool = _pool(idle)
-        request = pool.build_request(
-            "POST", self._url, json=self.body(messages, tools, temperature), headers=self._headers
-        )
+        payload = json.dumps(self.body(messages, tools, temperature)).encode()
         streaming = False
         try:
             async with asyncio.timeout(idle):
-                response = await pool.send(request, stream=True)
+                response = await http1.pool().post(self._url, payload, self._headers)
             try:
-                if response.status_code >= HTTP_BAD_REQUEST:
+                if response.status >= HTTP_BAD_REQUEST:
                     async with asyncio.timeout(idle):
-                        body = await response.aread()
+                        body = await response.read()
                     raise _status_failure(response, body)
                 streaming = True
                 return await self._read(response, messages, on_delta, idle)
             finally:
-                await response.aclose()
+                response.release()
         except TimeoutError:
             raise AttemptFailed("timeout", "timed out waiting for the model") from None
-        except httpx.HTTPError as exc:
+        except http1.HttpFailure as exc:
             raise _transport_failure(exc, streaming) from exc
 
     async def _read(
         self,
-        response: httpx.Response,
+        response: http1.Response,
         messages: list[dict[str, Any]],
         on_delta: Callable[[str], None] | None,
         idle_s: float,
@@ -250,7 +219,7 @@ class OpenAIStream:
                             on_delta(piece)
                         if choice.get("finish_reason"):
                             finish = str(choice["finish_reason"])
-        except (TimeoutError, httpx.HTTPError):
+        except (TimeoutError, http1.HttpFailure):
             if not done:
                 raise  # a server that holds the connection open after [DONE] costs nothing
         if finish is None:

@@ -1,0 +1,189 @@
+"""orchestrator/models/http1.py against a real loopback server that answers as each case needs.
+
+Every case is one scripted reply (raw bytes, so the framing is exactly what is written); the
+server records each request it read and on which connection, so reuse is observable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from orchestrator.models import http1
+
+REQUEST_HEAD_END = b"\r\n\r\n"
+
+
+@dataclass
+class Seen:
+    request: bytes
+    connection: int
+
+
+@dataclass
+class Server:
+    """Answers the k-th request with ``replies[k]`` (bytes, or a callable that gets the writer)."""
+
+    replies: list[bytes | Callable[[asyncio.StreamWriter], None]]
+    seen: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1/chat/completions"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            while True:
+                head = await reader.readuntil(REQUEST_HEAD_END)
+                length = 0
+                for line in head.decode("latin-1").split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.lower() == "content-length":
+                        length = int(value)
+                body = await reader.readexactly(length)
+                self.seen.append(Seen(head + body, number))
+                reply = self.replies[len(self.seen) - 1]
+                if callable(reply):
+                    reply(writer)
+                    return
+                writer.write(reply)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., object]]:
+    started: list[Server] = []
+
+    async def start(*replies: bytes | Callable[[asyncio.StreamWriter], None]) -> Server:
+        server = Server(list(replies))
+        server.server = await asyncio.start_server(server._serve, "127.0.0.1", 0)
+        started.append(server)
+        return server
+
+    yield start
+    http1.close_pool()
+    for server in started:
+        assert server.server is not None
+        server.server.close()
+        await server.server.wait_closed()
+
+
+def _sized(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
+
+
+def _chunked(*pieces: bytes) -> bytes:
+    out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for piece in pieces:
+        out += f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    return out + b"0\r\n\r\n"
+
+
+async def test_a_sized_reply_is_read_and_its_connection_kept(serve: Callable[..., object]) -> None:
+    server = await serve(_sized(b'{"a": 1}'), _sized(b"second"))  # type: ignore[misc]
+    first = await http1.pool().post(server.url, b'{"q": 1}', {"Authorization": "Bearer k"})
+    assert first.status == 200
+    assert await first.read() == b'{"a": 1}'
+    second = await http1.pool().post(server.url, b"{}", {})
+    assert await second.read() == b"second"
+    assert [s.connection for s in server.seen] == [1, 1]  # the second rode the first's socket
+    request = server.seen[0].request
+    assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer k\r\n" in request
+    assert b"\r\nContent-Length: 8\r\n" in request
+    assert request.endswith(b'\r\n\r\n{"q": 1}')
+
+
+async def test_chunked_lines_arrive_split_across_chunks(serve: Callable[..., object]) -> None:
+    server = await serve(_chunked(b"data: one\r\nda", b"ta: two\n", b"tail"))  # type: ignore[misc]
+    response = await http1.pool().post(server.url, b"{}", {})
+    assert [line async for line in response.lines()] == ["data: one", "data: two", "tail"]
+
+
+async def test_a_reply_that_asks_to_close_is_not_reused(serve: Callable[..., object]) -> None:
+    server = await serve(  # type: ignore[misc]
+        _sized(b"x", extra="Connection: close\r\n"), _sized(b"y")
+    )
+    assert await (await http1.pool().post(server.url, b"{}", {})).read() == b"x"
+    assert await (await http1.pool().post(server.url, b"{}", {})).read() == b"y"
+    assert [s.connection for s in server.seen] == [1, 2]
+
+
+async def test_a_body_that_ends_with_the_connection(serve: Callable[..., object]) -> None:
+    def close_after(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nall of it")
+
+    server = await serve(close_after)  # type: ignore[misc]
+    response = await http1.pool().post(server.url, b"{}", {})
+    assert await response.read() == b"all of it"
+
+
+async def test_a_stale_kept_connection_is_replaced_once(serve: Callable[..., object]) -> None:
+    """The server closes the kept-alive socket after its first reply, unannounced: the next
+    request goes out on it, finds it dead before any byte came back, and is sent again."""
+
+    def answer_then_drop(writer: asyncio.StreamWriter) -> None:
+        writer.write(_sized(b"first"))  # returning closes the socket
+
+    server = await serve(answer_then_drop, _sized(b"again"))  # type: ignore[misc]
+    assert await (await http1.pool().post(server.url, b"{}", {})).read() == b"first"
+    second = await http1.pool().post(server.url, b"{}", {})
+    assert await second.read() == b"again"
+    assert [s.connection for s in server.seen] == [1, 2]
+
+
+async def test_a_reply_cut_inside_its_body_fails_at_receive(serve: Callable[..., object]) -> None:
+    def cut(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+
+    server = await serve(cut)  # type: ignore[misc]
+    response = await http1.pool().post(server.url, b"{}", {})
+    with pytest.raises(http1.HttpFailure) as caught:
+        await response.read()
+    assert caught.value.stage == "receive"
+
+
+async def test_no_server_fails_at_connect() -> None:
+    listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    listener.close()
+    await listener.wait_closed()
+    with pytest.raises(http1.HttpFailure) as caught:
+        await http1.pool().post(f"http://127.0.0.1:{port}/v1", b"{}", {})
+    assert caught.value.stage == "connect"
+    http1.close_pool()
+
+
+async def test_not_an_http_url_is_refused() -> None:
+    with pytest.raises(http1.HttpFailure, match="not an http"):
+        await http1.pool().post("ftp://example.invalid/x", b"{}", {})
+
+
+async def test_an_error_status_body_is_readable(serve: Callable[..., object]) -> None:
+    server = await serve(_sized(b'{"error": "no"}', status="429 Too Many Requests"))  # type: ignore[misc]
+    response = await http1.pool().post(server.url, b"{}", {})
+    assert response.status == 429
+    assert await response.read() == b'{"error": "no"}'
+
+
+async def test_a_released_unread_reply_closes_its_connection(
+    serve: Callable[..., object],
+) -> None:
+    server = await serve(_sized(b"unread"), _sized(b"next"))  # type: ignore[misc]
+    response = await http1.pool().post(server.url, b"{}", {})
+    response.release()  # the body was never read: the socket cannot carry another request
+    assert await (await http1.pool().post(server.url, b"{}", {})).read() == b"next"
+    assert [s.connection for s in server.seen] == [1, 2]
