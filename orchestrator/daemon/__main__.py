@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
+import signal
 import sys
-from typing import Final
+from collections.abc import Coroutine
+from typing import Any, Final
 
 from orchestrator.errors import UserError
 from orchestrator.file_modes import tighten_state, use_private_umask
@@ -26,6 +29,13 @@ EXIT_USAGE: Final = 2  # the user can fix it: another daemon runs, bad config, l
 LOG_FILE_MODE: Final = 0o600  # the log names sessions and paths: owner-only
 NOISY_LOGGERS: Final = ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "httpx")
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Set to a file path, the daemon runs under cProfile (timed by the event loop thread's CPU
+# time) and writes its stats there when it stops (``python -m pstats PATH``): how we find where
+# a step's host CPU goes (docs/benchmarks.md).
+PROFILE_ENV: Final = "PRIME_AGENT_DAEMON_PROFILE"
+# ``kill -USR1 PID`` writes every thread's Python stack to the daemon's log: how a daemon that
+# hangs or spins is read without a debugger (docs/daemon.md, "When the daemon hangs").
+STACK_DUMP_SIGNAL: Final = signal.SIGUSR1
 
 
 def _setup_logging(paths: Paths, level: str) -> None:
@@ -39,12 +49,29 @@ def _setup_logging(paths: Paths, level: str) -> None:
     tighten_state(paths, log_file=path)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    if handler.stream is not None:  # opened now (FileHandler without delay)
+        faulthandler.register(STACK_DUMP_SIGNAL, file=handler.stream, all_threads=True)
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
     # litellm logs every call at INFO (and to stdout through its own handler): keep it quiet.
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _run(daemon: Coroutine[Any, Any, None]) -> None:
+    profile_path = os.environ.get(PROFILE_ENV)
+    if not profile_path:
+        asyncio.run(daemon)
+        return
+    import cProfile
+    import time
+
+    profile = cProfile.Profile(time.thread_time)  # the loop thread's CPU, not wall time
+    try:
+        profile.runcall(asyncio.run, daemon)
+    finally:
+        profile.dump_stats(profile_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.daemon.service import STARTUP_ERROR_PREFIX, Daemon
 
     try:
-        asyncio.run(Daemon(paths=paths).run())
+        _run(Daemon(paths=paths).run())
     except UserError as exc:
         log.error("daemon did not start: %s", exc)
         print(f"{STARTUP_ERROR_PREFIX}{exc}", file=sys.stderr)

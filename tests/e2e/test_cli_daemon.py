@@ -493,3 +493,23 @@ def test_print_mode_starts_the_daemon_and_concurrent_runs_share_it(
     listing = cli(["agents", "--json"])
     assert listing.returncode == 0, listing.stderr
     assert len(json.loads(listing.stdout)) == 3  # all three in the daemon's one database
+
+
+def test_sigusr1_writes_every_threads_stack_to_the_log(autostart: None) -> None:
+    """A hung or spinning daemon can be read without a debugger, and keeps serving after."""
+    from orchestrator.daemon.service import daemon_log_path
+
+    started = cli(["daemon", "start"])
+    assert started.returncode == 0, started.stderr
+    (pid,) = daemon_pids()
+    log = daemon_log_path(Paths.from_env())
+    before = log.read_text(encoding="utf-8")
+    os.kill(pid, signal.SIGUSR1)
+    assert wait_until(
+        lambda: "most recent call first" in log.read_text(encoding="utf-8")[len(before) :],
+        timeout=DETACH_TIMEOUT_S,
+    ), log.read_text(encoding="utf-8")[len(before) :]
+    dump = log.read_text(encoding="utf-8")[len(before) :]
+    assert "Current thread" in dump or "Thread 0x" in dump
+    assert cli(["agents"]).returncode == 0  # still serving
+    assert daemon_pids() == [pid]
