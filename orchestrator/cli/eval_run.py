@@ -77,7 +77,7 @@ def eval_run(
 
 def _eval_run(path: Path, no_daemon: bool) -> int:
     from orchestrator.cli.daemon import daemon_info
-    from orchestrator.cli.run import _daemon_for_run
+    from orchestrator.cli.run import daemon_for_run
     from orchestrator.control.eval_config import load_eval_config
     from orchestrator.paths import Paths
     from orchestrator.settings import load_settings
@@ -86,7 +86,7 @@ def _eval_run(path: Path, no_daemon: bool) -> int:
     paths = Paths.from_env()
     settings = cfg.settings(load_settings(paths.config_file))
     backend = _backend(cfg)
-    if not no_daemon and _daemon_for_run(own_bus=False):
+    if not no_daemon and daemon_for_run(own_bus=False):
         return _through_daemon(cfg, settings, backend)
     if daemon_info() is not None:
         raise UserError(
