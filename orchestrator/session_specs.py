@@ -1,4 +1,5 @@
-"""What a session keeps of its model endpoint and sandbox policy (migration 0007).
+"""What a session keeps of its model endpoint, sandbox policy (migration 0007) and the
+settings its run chose over the daemon's config (migration 0009).
 
 A session's endpoint and sandbox policy belong to the session, not to whichever daemon wakes
 it: resume, adoption, wake, idle reload and children use what is stored here, never the
@@ -9,6 +10,11 @@ boundary. The model spec holds the *name* of the variable that holds the key, ne
 The store validates the columns with these models and ``models/registry.py`` turns a resolved
 model into a ``StoredModel`` and back; both import them from here, one of the basics, because
 ``store`` and ``models`` are packages of one layer and neither imports the other.
+
+``StoredRunSettings`` holds what an evaluation config (``prime-agent run --config``) set that
+is neither the endpoint nor the sandbox: compaction, model-call retries and the depth limit.
+A daemon applies them to that session and its family only, over its own ``config.toml``
+(``orchestrator/sessions/run_settings.py``); ``None``: the daemon's config, as for ``-p``.
 
 Rows written before 0007 have neither (``None``); ``Orchestrator._load`` resolves such a
 session as before (its selector with the loading process's config and environment) once, and
@@ -23,14 +29,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "MODEL_SPEC_VERSION",
+    "RUN_SETTINGS_VERSION",
     "SANDBOX_POLICY_VERSION",
+    "StoredCompaction",
     "StoredModel",
     "StoredPrices",
+    "StoredRunSettings",
     "StoredSandboxPolicy",
 ]
 
 MODEL_SPEC_VERSION: Final = 1
 SANDBOX_POLICY_VERSION: Final = 1
+RUN_SETTINGS_VERSION: Final = 1
 # An environment variable's name as stored: what a shell accepts, bounded.
 ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
@@ -82,3 +92,31 @@ class StoredSandboxPolicy(_Spec):
     memory_bytes: int = Field(ge=1)
     cpus: float = Field(gt=0)
     pids: int = Field(ge=1)
+
+
+class StoredCompaction(_Spec):
+    """``[compaction]`` fields a run chose; each ``None`` keeps the daemon's."""
+
+    enabled: bool | None = None
+    reserve_tokens: int | None = Field(default=None, ge=0)
+    keep_recent_tokens: int | None = Field(default=None, ge=1)
+
+
+class StoredRunSettings(_Spec):
+    """The settings a session's run chose over the config of the daemon that runs it (an
+    evaluation config's ``compaction``, ``retry`` and ``limits.max_depth``); each ``None``
+    keeps the daemon's. Its children share it (one family, one run)."""
+
+    version: Literal[1] = RUN_SETTINGS_VERSION
+    compaction: StoredCompaction | None = None
+    model_max_retries: int | None = Field(default=None, ge=0)
+    retry_base_delay_s: float | None = Field(default=None, ge=0)
+    max_depth: int | None = Field(default=None, ge=0)
+
+    @property
+    def empty(self) -> bool:
+        """True when it changes nothing (nothing needs storing)."""
+        compaction = self.compaction
+        chose_compaction = compaction is not None and bool(compaction.model_dump(exclude_none=True))
+        scalars = (self.model_max_retries, self.retry_base_delay_s, self.max_depth)
+        return not chose_compaction and all(value is None for value in scalars)

@@ -14,9 +14,13 @@ against a daemon that adds to them.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any, ClassVar, Literal
+from datetime import datetime
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+
+from orchestrator.session_specs import ENV_NAME_PATTERN
+from orchestrator.settings import SANDBOX_MEMORY_MIN_MIB
 
 __all__ = [
     "CAP_EVENTS",
@@ -26,6 +30,7 @@ __all__ = [
     "CLIENT_CAPABILITIES",
     "COMMAND_TYPES",
     "ERROR_CODES",
+    "EXIT_CODE_MAX",
     "E_BUSY",
     "E_CONFLICT",
     "E_HANDSHAKE_REQUIRED",
@@ -61,6 +66,7 @@ __all__ = [
     "Clone",
     "Command",
     "Compact",
+    "CompactionChoice",
     "CreateSession",
     "Detach",
     "ErrorInfo",
@@ -81,8 +87,10 @@ __all__ = [
     "Hello",
     "ImportSession",
     "ListSessions",
+    "ModelChoice",
     "Ping",
     "Prompt",
+    "RecordEvalResult",
     "Refine",
     "RefineRollback",
     "Response",
@@ -94,6 +102,7 @@ __all__ = [
     "ScheduleList",
     "SendMessage",
     "ServerMessage",
+    "SessionSettings",
     "SetModel",
     "Shutdown",
     "Stream",
@@ -115,6 +124,7 @@ MAX_CLIENT_ENV = 8  # a key variable and OPENAI_BASE_URL; room to spare
 MAX_ENV_VALUE_CHARS = 8192
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
+EXIT_CODE_MAX: Final = 255  # a process exit status
 MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
@@ -268,6 +278,38 @@ class GoalSpec(_ClientModel):
     token_budget: int | None = Field(default=None, ge=1)
 
 
+class ModelChoice(_ClientModel):
+    """What a run says about its model over the daemon's ``[models]`` entry (an eval
+    config's ``model`` section): stored in the session's model spec, nowhere else."""
+
+    api_key_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)  # a name, never a key
+    context_window: int | None = Field(default=None, ge=1)
+    input_cost_per_mtok: float | None = Field(default=None, ge=0)
+    output_cost_per_mtok: float | None = Field(default=None, ge=0)
+    tool_protocol: Literal["native", "fenced"] | None = None
+
+
+class CompactionChoice(_ClientModel):
+    enabled: bool | None = None
+    reserve_tokens: int | None = Field(default=None, ge=0)
+    keep_recent_tokens: int | None = Field(default=None, ge=1)
+
+
+class SessionSettings(_ClientModel):
+    """The settings one run chooses for its session over the daemon's ``config.toml``
+    (``prime-agent run --config``; docs/control.md). Each ``None`` keeps the daemon's. They
+    apply to this session and its family only and are stored with it (docs/daemon.md)."""
+
+    model: ModelChoice | None = None
+    memory_mib: int | None = Field(default=None, ge=SANDBOX_MEMORY_MIN_MIB)
+    cpus: float | None = Field(default=None, gt=0)
+    compaction: CompactionChoice | None = None
+    model_max_retries: int | None = Field(default=None, ge=0)
+    retry_base_delay_s: float | None = Field(default=None, ge=0)
+    session_token_budget: int | None = Field(default=None, ge=1)
+    max_depth: int | None = Field(default=None, ge=0)
+
+
 class CreateSession(_Command):
     MUTATING: ClassVar[bool] = True
     type: Literal["create_session"] = "create_session"
@@ -292,6 +334,8 @@ class CreateSession(_Command):
     # for this session (and its family) only, held in the daemon's memory, never written
     # anywhere (not even into the idempotency journal's fingerprint). None: the daemon's own.
     client_env: dict[EnvName, EnvValue] | None = Field(default=None, max_length=MAX_CLIENT_ENV)
+    # What the run chose over the daemon's config (an eval config); None: the config's.
+    settings: SessionSettings | None = None
 
 
 class Prompt(_Command):
@@ -594,6 +638,23 @@ class WaitQuiet(_Command):
     release: bool = False
 
 
+class RecordEvalResult(_Command):
+    """Write the result of a ``run --config`` whose root is ``session`` (it stopped) to
+    ``eval_results``: the daemon owns the database. The daemon sums the tree's tokens and
+    cost and reads its gate results; the client sends what only it knows. The answer's
+    ``result`` is the row as the JSON file holds it (docs/control.md)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["record_eval_result"] = "record_eval_result"
+    session: Token
+    config: dict[str, Any]  # the normalised config and its fingerprint
+    config_path: str | None = Field(default=None, min_length=1)
+    stop_reason: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    exit_code: int = Field(ge=0, le=EXIT_CODE_MAX)
+    started_at: datetime
+    finished_at: datetime
+
+
 class Shutdown(_Command):
     MUTATING: ClassVar[bool] = True
     type: Literal["shutdown"] = "shutdown"
@@ -636,6 +697,7 @@ _Commands = (
     | SandboxControl
     | Autonomous
     | WaitQuiet
+    | RecordEvalResult
     | Shutdown
 )
 Command = Annotated[_Commands, Field(discriminator="type")]
@@ -676,6 +738,7 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     SandboxControl,
     Autonomous,
     WaitQuiet,
+    RecordEvalResult,
     Shutdown,
 )
 COMMAND_TYPES: frozenset[str] = frozenset(

@@ -30,7 +30,7 @@ from orchestrator.errors import UserError
 from orchestrator.paths import Paths
 from orchestrator.settings import Settings
 
-__all__ = ["Mode", "run"]
+__all__ = ["Mode", "daemon_for_run", "run"]
 
 STDIN_MAX_BYTES = 10 * 1024 * 1024
 INTERRUPTED_LINE = "prime-agent: interrupted; the session history is kept"
@@ -270,7 +270,7 @@ def _through_daemon(
     return code
 
 
-def _daemon_for_run(own_bus: bool) -> bool:
+def daemon_for_run(own_bus: bool) -> bool:
     """Whether this run goes through the user's daemon: one that runs, else one started now
     (autostart: ``[daemon] autostart``, ``PRIME_AGENT_DAEMON_AUTOSTART``), so any number of
     runs share one host. A run on its own ``--nats-url`` starts none: it runs here."""
@@ -318,7 +318,7 @@ def _run(
             sandbox=settings.sandbox.model_copy(update=sandbox_options)
         )
     own_bus = nats_url is not None and nats_url != configured_nats_url
-    if not no_daemon and _daemon_for_run(own_bus):
+    if not no_daemon and daemon_for_run(own_bus):
         if own_bus:
             raise UserError(
                 "--nats-url: a running daemon uses the bus from its config.toml; "

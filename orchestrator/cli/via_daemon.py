@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,7 +41,7 @@ from orchestrator.cli.follow import Follower
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.errors import UserError
 
-__all__ = ["continue_via_daemon", "latest_root", "run_via_daemon"]
+__all__ = ["Finish", "continue_via_daemon", "latest_root", "run_via_daemon"]
 
 CREATE_TIMEOUT_S: Final = 120.0  # the daemon may start the embedded model for this session
 # After a signal: how long the aborted tree has to go quiet (run_end, release) before we exit.
@@ -55,10 +56,16 @@ SESSION_FORMAT_VERSION: Final = 3
 _NOT_CONTINUABLE: Final = frozenset({"deleted"})
 
 
-def _sink(json_mode: bool) -> JsonLinesSink | ProgressSink | None:
+Finish = Callable[[DaemonLink, str, dict[str, Any]], Awaitable[int]]
+"""What a run does with the root's outcome instead of printing it (``run --config`` records
+its result): called with the link, the root session's id and ``wait_quiet``'s answer, while
+the link is still open; its return value is the exit code."""
+
+
+def _sink(json_mode: bool, progress: bool = True) -> JsonLinesSink | ProgressSink | None:
     if json_mode:
         return JsonLinesSink()
-    return ProgressSink() if sys.stderr.isatty() else None
+    return ProgressSink() if progress and sys.stderr.isatty() else None
 
 
 async def run_via_daemon(
@@ -75,9 +82,14 @@ async def run_via_daemon(
     goal: dict[str, Any] | None = None,
     sandbox: dict[str, Any] | None = None,
     abort: asyncio.Event | None = None,
+    name: str | None = None,
+    settings: dict[str, Any] | None = None,
+    finish: Finish | None = None,
 ) -> int:
     """``sandbox``: the run's ``image``, ``workspace``, ``network`` and ``client_env`` (each
-    optional; ``CreateSession`` fields)."""
+    optional; ``CreateSession`` fields). ``settings``: what the run chose over the daemon's
+    config (``SessionSettings``: an eval config's). ``finish``: what to do with the outcome
+    instead of printing it; without it, the output and exit codes are print mode's."""
     from orchestrator.api.errors import ApiCommandError
     from orchestrator.api.protocol import CreateSession
 
@@ -94,6 +106,8 @@ async def run_via_daemon(
                     refine=refine,
                     autonomous=autonomous,
                     goal=goal,
+                    name=name,
+                    settings=settings,
                     **(sandbox or {}),
                 ),
                 timeout=CREATE_TIMEOUT_S,
@@ -113,6 +127,7 @@ async def run_via_daemon(
             wait_timeout_s=wait_timeout_s,
             release=True,
             abort=abort,
+            finish=finish,
         )
 
 
@@ -182,10 +197,11 @@ async def _run(
     cursor: int = 0,
     follow_up: str | None = None,
     abort: asyncio.Event | None = None,
+    finish: Finish | None = None,
 ) -> int:
     from orchestrator.api.errors import ApiCommandError, ConnectionClosed
 
-    sink = _sink(json_mode)
+    sink = _sink(json_mode, progress=finish is None)  # a recorded run shows only its summary
 
     def emit(event: dict[str, Any]) -> None:
         if sink is not None:
@@ -221,6 +237,8 @@ async def _run(
         return EXIT_ERROR
     if abort is not None and abort.is_set():
         return EXIT_ABORTED
+    if finish is not None:
+        return await finish(link, session, outcome)
     if outcome.get("exit_code") is not None:  # an autonomous or goal run stopped
         return stopped_run(
             str(outcome.get("stop_reason")),

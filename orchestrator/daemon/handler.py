@@ -60,6 +60,7 @@ from orchestrator.api.protocol import (
     ListSessions,
     Ping,
     Prompt,
+    RecordEvalResult,
     Refine,
     RefineRollback,
     SandboxControl,
@@ -77,7 +78,9 @@ from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot,
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.daemon import (
     control_commands,
+    eval_commands,
     harness_commands,
+    run_choices,
     sandbox_commands,
     tree_commands,
 )
@@ -90,6 +93,7 @@ from orchestrator.models.registry import (
     resolve_model,
     resolving_needs_litellm,
 )
+from orchestrator.session_specs import StoredRunSettings
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -146,8 +150,10 @@ class HandlerSessionControl(SessionControl, Protocol):
         backend: str | None,
         refine: bool | None,
         sandbox: SandboxChoice | None,
+        run_settings: StoredRunSettings | None,
     ) -> LiveSession:
-        """A new root session and its driver (its sandbox starts now)."""
+        """A new root session and its driver (its sandbox starts now); ``run_settings``: what
+        its run chose over the config, for its family only."""
         ...
 
     async def load_session(self, record: SessionRecord) -> LiveSession:
@@ -378,6 +384,9 @@ class DaemonHandler(CommandHandler):
                 return await control_commands.autonomous(self.daemon, rec, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
+            case RecordEvalResult():
+                rec = await self._record(command.session)
+                return await eval_commands.record_eval_result(self.daemon, rec, command)
             case Shutdown():
                 return self._shutdown(command.force)
         raise AssertionError(f"unhandled command {command.type}")  # pragma: no cover
@@ -602,8 +611,11 @@ class DaemonHandler(CommandHandler):
             shown = command.cwd[:MAX_SHOWN_PATH_CHARS]
             raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
         policy = _policy(command)
+        chosen = command.settings  # a run's own choices (an eval config): this session only
         try:
             settings, notice = daemon.settings_for_new_session()  # config.toml as it is now
+            if chosen is not None:
+                settings = run_choices.model_settings(settings, command.model, chosen)
             choice = await daemon.choose_backend(command.backend)
             if resolving_needs_litellm(command.model, settings):
                 await ensure_litellm()  # its first import must not stall the daemon's loop
@@ -618,18 +630,26 @@ class DaemonHandler(CommandHandler):
             raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
         task = (command.task or "").strip()
         name = command.name or (task.splitlines()[0][:SESSION_NAME_MAX_CHARS] if task else None)
+        budget = settings.session_token_budget
+        if chosen is not None and chosen.session_token_budget is not None:
+            budget = chosen.session_token_budget
         live = await daemon.orch.create_session(
             model=model,
             cwd=cwd.resolve(),
             name=name,
-            budget=settings.session_token_budget,
+            budget=budget,
             backend=choice.name,
             refine=command.refine
             if command.refine is not None
             else settings.harness.refine_enabled,
             sandbox=SandboxChoice(
-                image=command.image, workspace=command.workspace, network=command.network
+                image=command.image,
+                workspace=command.workspace,
+                network=command.network,
+                memory_bytes=run_choices.memory_bytes(chosen),
+                cpus=chosen.cpus if chosen is not None else None,
             ),
+            run_settings=run_choices.stored_run_settings(chosen),
         )
         if command.client_env:  # its family's wakes read the key from here, not our env
             daemon.orch.remember_client_env(live.id, command.client_env)

@@ -244,7 +244,7 @@ class FamilyService:
             not isinstance(budget, int) or isinstance(budget, bool) or budget <= 0
         ):
             raise _bad("budget must be a positive number of tokens")
-        settings = self.orch.settings
+        settings = self.orch.settings_of(parent.record)  # its run's depth limit, if it chose one
         # The depth is the parent's record (fixed at its creation): no race to guard.
         if parent.record.depth + 1 > settings.max_depth:
             raise HostRequestError(
@@ -521,7 +521,7 @@ class FamilyService:
         from orchestrator.errors import ModelError
 
         try:
-            reply = await ModelClient(model, self.orch.settings).complete(
+            reply = await ModelClient(model, self.orch.settings_of(caller.record)).complete(
                 [{"role": "user", "content": prompt}]
             )
         except ModelError as exc:

@@ -39,6 +39,7 @@ from orchestrator.models.registry import (
 )
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
+from orchestrator.session_specs import StoredRunSettings
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
 from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.idle import IdleUnloader
@@ -51,6 +52,7 @@ from orchestrator.sessions.notices import (
 )
 from orchestrator.sessions.post_turn import after_turn
 from orchestrator.sessions.prompting import PromptBuilder
+from orchestrator.sessions.run_settings import settings_for
 from orchestrator.sessions.sandbox_policy import (
     SandboxChoice,
     apply_policy,
@@ -215,6 +217,11 @@ class Orchestrator:
     async def _resolve_from_settings(self, selector: str) -> ResolvedModel:
         return resolve_model(selector, self.settings)
 
+    def settings_of(self, record: SessionRecord) -> Settings:
+        """The settings ``record``'s session runs with: this process's config with what its
+        run chose (an eval config's compaction, retries, depth limit: ``run_settings``)."""
+        return settings_for(self.settings, record.run_settings)
+
     # -- the loaded sessions, as callers outside the sessions package see them -----------------
 
     def loaded(self, session_id: str) -> LiveSession | None:
@@ -242,10 +249,12 @@ class Orchestrator:
         refine: bool | None = None,
         session_id: str | None = None,
         sandbox: SandboxChoice | None = None,
+        run_settings: StoredRunSettings | None = None,
     ) -> LiveSession:
         """A new session (and its driver; its sandbox starts now when ``eager_sandbox``).
         ``refine``: whether it may /refine; None inherits the parent's, or the config's.
-        ``session_id``: the id reserved at spawn admission (sessions/admission.py); else new."""
+        ``session_id``: the id reserved at spawn admission (sessions/admission.py); else new.
+        ``run_settings``: what a root's run chose over the config (a child has its parent's)."""
         # A child runs on its parent's backend unless told otherwise.
         backend = backend or (parent.record.backend if parent else self.backend.name)
         if backend not in self.backends:
@@ -285,6 +294,13 @@ class Orchestrator:
             ),
             model_spec=stored_model(model),
             sandbox_policy=policy,
+            run_settings=(
+                parent.record.run_settings
+                if parent is not None
+                else run_settings
+                if run_settings is not None and not run_settings.empty
+                else None
+            ),
         )
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that
@@ -313,7 +329,7 @@ class Orchestrator:
     def _spec(self, record: SessionRecord) -> SandboxSpec:
         env = {
             "PRIME_AGENT_DEPTH": str(record.depth),
-            "PRIME_AGENT_MAX_DEPTH": str(self.settings.max_depth),
+            "PRIME_AGENT_MAX_DEPTH": str(self.settings_of(record).max_depth),
         }
         spec = SandboxSpec(
             session_id=record.id,
@@ -329,9 +345,10 @@ class Orchestrator:
         return spec if policy is None else apply_policy(spec, policy)
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
+        settings = self.settings_of(live.record)
         live.loop = AgentLoop(
             session_id=live.id,
-            client=ModelClient(live.model, self.settings),
+            client=ModelClient(live.model, settings),
             system_prompt=build_system_prompt(
                 EnvironmentFacts(
                     cwd=live.record.cwd, model=live.model.selector, backend=live.record.backend
@@ -340,7 +357,7 @@ class Orchestrator:
             ),
             get_sandbox=lambda: self.sandbox_of(live),
             record=lambda type_, payload: self.record(live, type_, payload),
-            settings=self.settings,
+            settings=settings,
             context=context,
             sink=self.sink,
             hooks=_Hooks(live, self.budgets),

@@ -24,16 +24,26 @@ __all__ = ["SandboxChoice", "apply_policy", "chosen_policy", "policy_for"]
 
 @dataclasses.dataclass(frozen=True)
 class SandboxChoice:
-    """What one run asks of its root session's sandbox (``-p --image rust --network``); each
-    ``None`` is the backend's default. It becomes part of the stored policy, so the choice
-    travels with the session through every later start, wake and daemon."""
+    """What one run asks of its root session's sandbox (``-p --image rust --network``, an eval
+    config's ``sandbox``); each ``None`` is the backend's default. It becomes part of the
+    stored policy, so the choice travels with the session through every later start, wake
+    and daemon."""
 
     image: str | None = None
     workspace: Literal["rw", "ro", "copy"] | None = None
     network: bool | None = None
+    # Limits (an eval config's sandbox.memory_mib and cpus; docker enforces them).
+    memory_bytes: int | None = None
+    cpus: float | None = None
 
     def fields(self) -> dict[str, object]:
-        chosen = {"image": self.image, "workspace": self.workspace, "network": self.network}
+        chosen = {
+            "image": self.image,
+            "workspace": self.workspace,
+            "network": self.network,
+            "memory_bytes": self.memory_bytes,
+            "cpus": self.cpus,
+        }
         return {k: v for k, v in chosen.items() if v is not None}
 
 

@@ -105,6 +105,14 @@ class EvalResultRow:
             wire[name] = value.isoformat() if isinstance(value, datetime) else _sorted(value)
         return wire
 
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any]) -> EvalResultRow:
+        """The row ``to_wire`` gave (as the daemon answers ``record_eval_result``)."""
+        data = {name: wire[name] for name in _COLUMNS}
+        for name in _TIME_FIELDS:
+            data[name] = datetime.fromisoformat(str(data[name]))
+        return cls(**data)
+
 
 _COLUMNS: Final = tuple(f.name for f in fields(EvalResultRow))
 _COLUMN_LIST = ", ".join(_COLUMNS)

@@ -15,7 +15,7 @@ from typing import Any, cast
 import duckdb
 
 from orchestrator.errors import StoreError, UserError
-from orchestrator.session_specs import StoredModel, StoredSandboxPolicy
+from orchestrator.session_specs import StoredModel, StoredRunSettings, StoredSandboxPolicy
 from orchestrator.store.events import EventType
 from orchestrator.store.lifecycle import SESSION_STATUSES, SessionStatus
 
@@ -98,6 +98,9 @@ class SessionRecord:
     # (orchestrator/session_specs.py); None for rows written before it.
     model_spec: StoredModel | None = None
     sandbox_policy: StoredSandboxPolicy | None = None
+    # Migration 0009: the settings its run chose over the daemon's config (an eval config's);
+    # None: the config of whichever process runs it.
+    run_settings: StoredRunSettings | None = None
     # Not a column: why a stored spec could not be read (a damaged row). Such a session is
     # not loaded rather than run against some other endpoint or policy.
     spec_problem: str | None = None
@@ -124,11 +127,13 @@ SESSION_COLUMNS: tuple[str, ...] = (
     "refine_enabled",
     "model_spec",
     "sandbox_policy",
+    "run_settings",
 )
 # JSON columns and the pydantic model each one holds.
-_SPEC_COLUMNS: dict[str, type[StoredModel] | type[StoredSandboxPolicy]] = {
+_SPEC_COLUMNS: dict[str, type[StoredModel | StoredSandboxPolicy | StoredRunSettings]] = {
     "model_spec": StoredModel,
     "sandbox_policy": StoredSandboxPolicy,
+    "run_settings": StoredRunSettings,
 }
 _SESSION_SELECT = f"SELECT {', '.join(SESSION_COLUMNS)} FROM sessions"
 
@@ -216,7 +221,7 @@ def _first_line(exc: Exception) -> str:
 
 def spec_column_value(value: Any) -> Any:
     """A field value as its column takes it: a stored spec as its JSON text."""
-    specs = (StoredModel, StoredSandboxPolicy)
+    specs = (StoredModel, StoredSandboxPolicy, StoredRunSettings)
     return value.model_dump_json() if isinstance(value, specs) else value
 
 

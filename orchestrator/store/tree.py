@@ -181,6 +181,7 @@ def copy_path_sql(
         budget_tokens=source.budget_tokens,
         model_spec=source.model_spec,  # a copy talks to the same endpoint, in the same sandbox
         sandbox_policy=source.sandbox_policy,
+        run_settings=source.run_settings,  # ... with the settings its run chose
         forked_from=source.id,
         forked_at=target,
     )

@@ -94,6 +94,17 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
         "max_tokens": 1000,
         "timeout_ms": 60_000,
     },
+    {
+        "type": "record_eval_result",
+        "command_id": "13",
+        "session": "s-x",
+        "config": {"name": "fix-tests", "fingerprint": "ab"},
+        "config_path": "/w/fix-tests.yaml",
+        "stop_reason": "gate_passed",
+        "exit_code": 0,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "finished_at": "2026-01-01T00:01:00+00:00",
+    },
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -127,7 +138,7 @@ def test_mutating_set() -> None:
     expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
     expected |= {"harness_accept", "harness_reject"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
-    expected |= {"sandbox_control", "autonomous"}
+    expected |= {"sandbox_control", "autonomous", "record_eval_result"}
     assert expected == MUTATING_COMMAND_TYPES
 
 
