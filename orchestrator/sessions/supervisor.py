@@ -6,6 +6,10 @@ cell (``task_for``) and routes every new sandbox through it (``started``). The s
 - wraps each sandbox in a ``KeptSandbox`` (``sessions/snapshots.py``): debounced namespace
   snapshots, revival in every new kernel, a last snapshot before the sandbox stops;
 - starts a new sandbox when the last one is ``lost`` (gone between or during cells);
+- lets at most ``start_slots`` sandboxes start at once (``START_SLOTS``, one per CPU, at
+  least ``START_SLOTS_MIN``): a start is CPU work (a gateway and a kernel import), so twenty
+  at once on two cores made every one of them slow and some time out ("timed out during
+  opening handshake"); in turns, the first sessions get theirs at once and none times out;
 - backs off after a failed start (``START_BACKOFF_BASE_S``, doubling, at most
   ``START_BACKOFF_MAX_S``) and after ``START_MAX_FAILURES`` failures in a row marks the
   *sandbox* failed (``failure``; ``sandbox_info`` shows it): no more attempts until new input
@@ -25,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +61,8 @@ START_MAX_FAILURES: Final = 3  # failed starts in a row before the sandbox is ma
 # is called anyway (the revival notice then comes with the first cell's result).
 REVIVAL_WAIT_S: Final = SANDBOX_START_TIMEOUT_S
 NOTE_PREFIX: Final = "[notice] "
+START_SLOTS_MIN: Final = 2  # sandbox starts at once, however few CPUs
+START_SLOTS: Final = max(START_SLOTS_MIN, os.cpu_count() or START_SLOTS_MIN)
 
 
 @dataclass
@@ -76,7 +84,12 @@ class SandboxSupervisor:
         self.backoff_base_s = START_BACKOFF_BASE_S
         self.backoff_max_s = START_BACKOFF_MAX_S
         self.max_failures = START_MAX_FAILURES
+        self.start_slots = START_SLOTS
         self._sessions: dict[str, _Session] = {}
+        # Invariant: at most ``start_slots`` awaits of a backend's ``create`` run at once, and
+        # ``_starting`` is their number (made when first needed: the loop must be running).
+        self._start_gate: asyncio.Semaphore | None = None
+        self._starting = 0
 
     # --- per-session state ------------------------------------------------------------------
 
@@ -120,7 +133,7 @@ class SandboxSupervisor:
         """
         state = self._session(live.id)
         try:
-            sandbox = await create
+            sandbox = await self._in_turn(create) if revive else await create
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -135,6 +148,28 @@ class SandboxSupervisor:
         else:
             await keeper.adopt(sandbox.run_silent)
         return kept
+
+    @property
+    def starting(self) -> int:
+        """Sandbox starts running now (at most ``start_slots``)."""
+        return self._starting
+
+    async def _in_turn(self, create: Awaitable[Sandbox]) -> Sandbox:
+        """Await ``create`` once one of the ``start_slots`` is free."""
+        if self._start_gate is None:
+            self._start_gate = asyncio.Semaphore(self.start_slots)
+        try:
+            await self._start_gate.acquire()
+        except BaseException:
+            if inspect.iscoroutine(create):
+                create.close()  # never started: no "never awaited" warning
+            raise
+        self._starting += 1
+        try:
+            return await create
+        finally:
+            self._starting -= 1
+            self._start_gate.release()
 
     def _failed_start(self, live: LiveSession, state: _Session, exc: Exception) -> Exception:
         loop = asyncio.get_running_loop()
