@@ -12,7 +12,9 @@ Figures per run:
 - first cell: prompt (or process spawn, for a peer) → that session's first finished step;
 - wall: first prompt → every session's answer;
 - daemon CPU per step: the daemon process's user+system CPU over the run / steps taken (its
-  children — gateways and kernels, the sandbox side — are not counted).
+  children — gateways and kernels, the sandbox side — are not counted), and the part of it
+  spent on the event loop's thread (the rest is the store's writer thread, DuckDB's own
+  threads and ``to_thread`` workers).
 
 Sessions are created and their sandboxes started before the clock starts (a warm pool), so the
 first cell measures a step on a ready sandbox under load, not sandbox start-up.
@@ -88,8 +90,10 @@ def _gaps(ends: list[float]) -> list[float]:
     return [(b - a) * MS_PER_S for a, b in itertools.pairwise(ends)]
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(pid: int, thread: int | None = None) -> float:
+    """CPU seconds of process ``pid``, or of its thread ``thread`` (the main thread: ``pid``)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14, 15 of proc(5)
     return (utime + stime) / CLOCK_TICKS
 
@@ -163,12 +167,14 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
             await watcher.call("attach", session=sid, cursor=0)
         task = asyncio.create_task(watch())
         cpu_before = _cpu_s(daemon_pid)
+        loop_before = _cpu_s(daemon_pid, thread=daemon_pid)  # the daemon's loop is its main thread
         started = time.monotonic()
         await asyncio.gather(*(admin.call("prompt", session=sid, text="go") for sid in ids))
         async with asyncio.timeout(RUN_TIMEOUT_S):
             await all_done.wait()
         wall = time.monotonic() - started
         cpu = _cpu_s(daemon_pid) - cpu_before
+        loop_cpu = _cpu_s(daemon_pid, thread=daemon_pid) - loop_before
         task.cancel()
         short = [sid for sid, e in ends.items() if len(e) != STEPS + 1]
         if short:
@@ -181,6 +187,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
             "first_ms": [(e[0] - started) * MS_PER_S for e in ends.values()],
             "wall_s": wall,
             "cpu_per_step_ms": cpu / (sessions * (STEPS + 1)) * MS_PER_S,
+            "loop_cpu_per_step_ms": loop_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
         }
     finally:
         await watcher.close()

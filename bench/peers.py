@@ -241,6 +241,14 @@ def concurrent_rows(counts: list[int], peers: list[str], base: Path) -> list[dic
                 "peers": {},
             }
         )
+        rows.append(
+            {
+                "name": f"{n} at once:   of it, the event loop's thread",
+                "unit": "ms",
+                "ours": [ours["loop_cpu_per_step_ms"]],
+                "peers": {},
+            }
+        )
     return rows
 
 

@@ -311,6 +311,14 @@ class Daemon:
         store, self._store = self._store, None
         if store is not None:
             await self._bounded("closing the store", store.close())
+            stats = store.statistics()
+            log.info(
+                "store: %d commits, %d events, largest batch %d, %d failed commits",
+                stats.commits,
+                stats.rows,
+                stats.largest_batch,
+                stats.failed_commits,
+            )
 
     async def _stop_sessions(self, orch: Orchestrator) -> None:
         settled = [s for s in orch.loaded_sessions() if s.state not in TERMINAL_STATES]
