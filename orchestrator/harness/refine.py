@@ -657,10 +657,13 @@ class Refiner:
         progress = self._progress_of(session_id)
         changed: list[RefinementRow] = []
         async with self._apply_lock:
-            planned, stale = await self._store.read(
+            # One read says whether there is anything to do: most boundaries of most sessions
+            # have nothing planned and nothing to measure, and then cost this one round trip.
+            planned, stale, due = await self._store.read(
                 lambda con: (
                     _ids_with_status(con, session_id, "planned"),
                     _ids_with_status(con, session_id, "planning"),
+                    due_refinement_ids(con, session_id),
                 )
             )
             await self._fail_stale(session_id, stale)
@@ -678,9 +681,11 @@ class Refiner:
                 line = apply_line(row)
                 log.info("%s", line)
                 await target.record("notice", NoticePayload(text=line))
-            measured = await self._store.transaction(
-                lambda con: _measure_due(con, session_id, self._outcome_turns)
-            )
+            measured: list[RefinementRow] = []
+            if planned or due:  # else no applied refinement awaits its outcome
+                measured = await self._store.transaction(
+                    lambda con: _measure_due(con, session_id, self._outcome_turns)
+                )
         for row in measured:
             log.info("refinement %s outcome: %s", row.id, outcome_line(row))
         return changed + measured

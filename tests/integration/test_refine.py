@@ -638,3 +638,26 @@ async def test_a_global_refinement_the_user_did_not_start_only_proposes(world: W
     direct = await world.row(asked["id"])
     assert [(e["id"], e["applied"]) for e in direct.edits] == [("obey", True), ("note", True)]
     assert await _global_heads(world) == {"obey": (3, "obey", False), "note": (2, "changed", False)}
+
+
+async def test_a_boundary_with_nothing_planned_or_due_is_one_read_and_no_write(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every turn of every session crosses a boundary: with nothing planned and nothing to
+    measure it costs one round trip to the store's writer thread, and writes nothing."""
+    calls: list[str] = []
+    read, transaction = world.store.read, world.store.transaction
+
+    async def counted_read(fn: Any) -> Any:
+        calls.append("read")
+        return await read(fn)
+
+    async def counted_transaction(fn: Any) -> Any:
+        calls.append("transaction")
+        return await transaction(fn)
+
+    monkeypatch.setattr(world.store, "read", counted_read)
+    monkeypatch.setattr(world.store, "transaction", counted_transaction)
+    await world.turn_end()
+    assert await world.refiner.at_boundary(world.target) == []
+    assert calls == ["read"]
