@@ -121,12 +121,7 @@ def session_settings(cfg: EvalConfig) -> dict[str, Any] | None:
         chosen["cpus"] = cfg.sandbox.cpus
     if cfg.compaction is not None:
         chosen["compaction"] = cfg.compaction.model_dump(exclude_none=True) or None
-    if cfg.retry is not None:
-        chosen["model_max_retries"] = cfg.retry.max_retries
-        chosen["retry_base_delay_s"] = cfg.retry.base_delay_s
-    if cfg.limits is not None:
-        chosen["session_token_budget"] = cfg.limits.session_token_budget
-        chosen["max_depth"] = cfg.limits.max_depth
+    chosen.update(cfg.run_limits())
     chosen = {k: v for k, v in chosen.items() if v is not None}
     return chosen or None
 

@@ -311,13 +311,21 @@ class EvalConfig(_Section):
             changes["compaction"] = _merged(base.compaction, _set_fields(self.compaction))
         if self.refine is not None and self.refine.enabled is not None:
             changes["harness"] = _merged(base.harness, {"refine_enabled": self.refine.enabled})
-        if self.retry is not None:
-            changes["model_max_retries"] = self.retry.max_retries
-            changes["retry_base_delay_s"] = self.retry.base_delay_s
-        if self.limits is not None:
-            changes["session_token_budget"] = self.limits.session_token_budget
-            changes["max_depth"] = self.limits.max_depth
+        changes.update(self.run_limits())
         return base.with_overrides(**changes)
+
+    def run_limits(self) -> dict[str, Any]:
+        """The retry and limits sections as the ``Settings`` fields they set (each None keeps
+        the base's): ``settings`` applies them here, the daemon path sends them with the
+        session (``cli/eval_run.session_settings``)."""
+        chosen: dict[str, Any] = {}
+        if self.retry is not None:
+            chosen["model_max_retries"] = self.retry.max_retries
+            chosen["retry_base_delay_s"] = self.retry.base_delay_s
+        if self.limits is not None:
+            chosen["session_token_budget"] = self.limits.session_token_budget
+            chosen["max_depth"] = self.limits.max_depth
+        return chosen
 
     def normalised(self) -> dict[str, Any]:
         """The config as JSON types: ``task`` holds the prompt text (also when it came from
