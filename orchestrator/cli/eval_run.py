@@ -45,7 +45,7 @@ def eval_run(
 
 
 def _eval_run(path: Path) -> int:
-    from orchestrator.cli.daemon import daemon_info
+    from orchestrator.cli.autostart import daemon_info
     from orchestrator.control.eval_config import load_eval_config
     from orchestrator.paths import Paths
     from orchestrator.settings import load_settings

@@ -274,8 +274,8 @@ def _daemon_for_run(own_bus: bool) -> bool:
     """Whether this run goes through the user's daemon: one that runs, else one started now
     (autostart: ``[daemon] autostart``, ``PRIME_AGENT_DAEMON_AUTOSTART``), so any number of
     runs share one host. A run on its own ``--nats-url`` starts none: it runs here."""
+    from orchestrator.cli.autostart import daemon_info
     from orchestrator.cli.connect import ensure_daemon
-    from orchestrator.cli.daemon import daemon_info
 
     if daemon_info() is not None:
         return True

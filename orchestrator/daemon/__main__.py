@@ -29,7 +29,7 @@ LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def _setup_logging(paths: Paths, level: str) -> None:
-    from orchestrator.daemon.service import daemon_log_path
+    from orchestrator.daemon.files import daemon_log_path
 
     path = daemon_log_path(paths)
     ensure_private_dir(path.parent)

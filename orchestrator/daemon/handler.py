@@ -300,6 +300,8 @@ class DaemonHandler(CommandHandler):
 
     async def handle(self, client: ClientInfo, command: Command) -> Any:
         if isinstance(command, Ping):
+            if command.wait_ready and not self.daemon.stopping:
+                await self.daemon.wait_ready()
             return self._ping()
         if self.daemon.stopping and not isinstance(command, Shutdown | Detach):
             raise ApiCommandError(E_SHUTTING_DOWN, "the daemon is stopping")
