@@ -32,6 +32,7 @@ __all__ = [
     "DAEMON_CONNECT_TIMEOUT_S",
     "DAEMON_START_TIMEOUT_S",
     "DaemonStartError",
+    "announce_started",
     "daemon_info",
     "socket_answers",
     "spawn_daemon",
@@ -161,6 +162,16 @@ def wait_started(proc: subprocess.Popen[bytes], paths: Paths) -> tuple[dict[str,
         raise _died(proc, paths)
     # Another pid: we raced another start; ours lost the socket lock and exits.
     return info, info.get("pid") == proc.pid
+
+
+def announce_started(info: dict[str, Any], started: bool) -> None:
+    """One line on a terminal's stderr when this command started the daemon."""
+    if started and sys.stderr.isatty():
+        print(
+            f"prime-agent: started the daemon (pid {info.get('pid')}; "
+            "prime-agent daemon stop stops it)",
+            file=sys.stderr,
+        )
 
 
 def start_daemon() -> tuple[dict[str, Any], bool]:

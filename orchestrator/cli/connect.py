@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 from typing import Any, Final
 
 from orchestrator.api.client import ControlClient
@@ -60,19 +59,13 @@ def autostart_enabled() -> bool:
 
 def ensure_daemon(*, autostart: bool | None = None) -> bool:
     """True when a daemon answers, starting one first if allowed (synchronous code only)."""
-    from orchestrator.cli.autostart import daemon_info, start_daemon
+    from orchestrator.cli.autostart import announce_started, daemon_info, start_daemon
 
     if daemon_info() is not None:
         return True
     if not (autostart_enabled() if autostart is None else autostart):
         return False
-    info, started = start_daemon()
-    if started and sys.stderr.isatty():
-        print(
-            f"prime-agent: started the daemon (pid {info.get('pid')}; "
-            "prime-agent daemon stop stops it)",
-            file=sys.stderr,
-        )
+    announce_started(*start_daemon())
     return True
 
 
