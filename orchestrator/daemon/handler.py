@@ -441,7 +441,9 @@ class DaemonHandler(CommandHandler):
             )
             await orch.record(live, "run_end", payload)
         if release and live.record.parent_id is None:
-            await orch.unload(live)
+            # The answer goes out while the tree's sandboxes stop (~0.3 s): a print-mode run
+            # exits on it. Loading the session again waits for them (Orchestrator.unload).
+            await orch.unload(live, stop_later=True)
         return result
 
     async def snapshot(self, client: ClientInfo, session: str) -> SessionSnapshot | None:
