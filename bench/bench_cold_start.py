@@ -8,9 +8,14 @@ spawn, the answer line on stdout, process exit. ``-p`` prints the answer after t
 wound up (run_end recorded, sandbox stopped, store closed), so "answer → exit" is only what
 follows: closing the event loop and the interpreter's own exit.
 
+A second row runs ``-p`` again with the daemon left running (one daemon for all those runs,
+started and warmed first): spawn → exit of the client alone, the daemon's start excluded.
+
 The breakdown measures the pieces in separate fresh processes, each spawn → exit:
 
 - CLI import: ``python -m orchestrator --help`` (typer app; no litellm, no sandbox);
+- client import: ``python -c`` importing the modules a ``-p`` run through the daemon uses
+  (``CLIENT_MODULES``; no typer, no litellm, no duckdb);
 - a litellm probe, ``python -c`` that stamps the monotonic clock when its code starts, after
   ``orchestrator.models.lite.load_litellm()``, after a first and a second streamed
   ``acompletion`` to the fake server, and at its end, while this process stamps spawn and
@@ -32,7 +37,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from bench.common import (
     PYTHON,
@@ -53,6 +58,16 @@ QUICK_BREAKDOWN_RUNS = 3
 REFERENCE_S = 2.7
 TARGET_S = 0.4 * REFERENCE_S
 RUN_TIMEOUT_S = 120.0
+WARM_TARGET_S: Final = 0.5  # issue 18: -p with the daemon running, spawn → exit
+# What a -p run through the daemon imports (cli/entry.py's lean path).
+CLIENT_MODULES: Final = (
+    "orchestrator.cli.entry",
+    "orchestrator.cli.autostart",
+    "orchestrator.cli.print_run",
+    "orchestrator.cli.via_daemon",
+    "orchestrator.settings",
+    "orchestrator.models.registry",
+)
 ANSWER = "Hello from the fake model."
 SCRIPT = f"repeat forever:\n    text: {ANSWER}\n"
 # Stamps: code starts, litellm imported, first streamed call done, second call done, the end.
@@ -131,6 +146,37 @@ def _one(api_base: str, base: Path) -> tuple[float, float]:
         return answered[0] - start, finished - start
 
 
+def _warm(api_base: str, base: Path, runs: int) -> list[float]:
+    """Spawn → exit of ``-p`` with the daemon already running (started by a first run)."""
+    with private_xdg(base) as xdg:
+        workdir = Path(xdg["XDG_DATA_HOME"]).parent
+        env = cli_env(xdg)
+        argv = cli_argv("hi", api_base)
+        try:
+            subprocess.run(argv, env=env, cwd=workdir, check=True, capture_output=True)
+            out = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                subprocess.run(
+                    argv,
+                    env=env,
+                    cwd=workdir,
+                    check=True,
+                    capture_output=True,
+                    timeout=RUN_TIMEOUT_S,
+                )
+                out.append(time.perf_counter() - start)
+            return out
+        finally:
+            subprocess.run(
+                [PYTHON, "-m", "orchestrator", "daemon", "stop"],
+                env=env,
+                cwd=workdir,
+                capture_output=True,
+                timeout=RUN_TIMEOUT_S,
+            )
+
+
 def _probe(api_base: str, freeze: bool) -> dict[str, float]:
     """Seconds of each phase of one fresh process that imports litellm and calls the model."""
     code = PROBE + ("gc.freeze()\n" if freeze else "") + PROBE_END
@@ -155,12 +201,15 @@ def run(quick: bool = False) -> dict[str, Any]:
         with FakeServerProcess(SCRIPT, base) as srv:
             _one(srv.url, base)  # warm the page cache: a cold disk is not what we measure
             pairs = [_one(srv.url, base) for _ in range(runs)]
+            warm = _warm(srv.url, base, runs)
             plain = [_probe(srv.url, freeze=False) for _ in range(parts)]
             frozen = [_probe(srv.url, freeze=True) for _ in range(parts)]
     answer = [a for a, _ in pairs]
     wall = [w for _, w in pairs]
     teardown = [w - a for a, w in pairs]
     cli_import = time_command([PYTHON, "-m", "orchestrator", "--help"], parts)
+    imports = "; ".join(f"import {name}" for name in CLIENT_MODULES)
+    client_import = time_command([PYTHON, "-c", imports], parts)
     probes = plain + frozen
     litellm = [p["import"] for p in probes]
     exit_plain = [p["exit"] for p in plain]
@@ -192,11 +241,18 @@ def run(quick: bool = False) -> dict[str, Any]:
             row("  spawn → answer on stdout", "s", answer),
             row("  answer → exit (teardown)", "s", teardown),
             row(
+                "prime-agent -p, daemon running (spawn → exit)",
+                "s",
+                warm,
+                target=WARM_TARGET_S,
+            ),
+            row(
                 "  python startup (spawn → first line of -c code)",
                 "s",
                 [p["startup"] for p in probes],
             ),
             row("  CLI import (python -m orchestrator --help)", "s", cli_import),
+            row("  client import (the -p path's modules, no typer)", "s", client_import),
             row("  litellm import (load_litellm, in process)", "s", litellm),
             row(
                 "  litellm first streamed call (lazy set-up)",

@@ -1,5 +1,5 @@
 """``python -m orchestrator`` is ``prime-agent``."""
 
-from orchestrator.cli.app import main
+from orchestrator.cli.entry import main
 
 main()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 __all__ = [
     "APP_DIR_NAME",
+    "CONTROL_SOCKET_FILE_NAME",
     "DATABASE_FILE_NAME",
     "SKILLS_DIR_NAME",
     "Paths",
@@ -21,6 +22,8 @@ __all__ = [
 APP_DIR_NAME = "prime-agent"
 DATABASE_FILE_NAME = "prime-agent.duckdb"
 CONFIG_FILE_NAME = "config.toml"
+# The daemon's control socket, in the runtime dir (orchestrator/api/server.py serves it).
+CONTROL_SOCKET_FILE_NAME = "orchestrator.sock"
 SKILLS_DIR_NAME = "skills"  # the user's skills (SKILL.md folders): orchestrator/harness/skills.py
 PRIVATE_DIR_MODE = 0o700
 
@@ -63,6 +66,11 @@ class Paths:
     @property
     def config_file(self) -> Path:
         return self.config_dir / CONFIG_FILE_NAME
+
+    @property
+    def control_socket(self) -> Path:
+        """``$XDG_RUNTIME_DIR/prime-agent/orchestrator.sock`` (or under the /tmp fallback)."""
+        return self.runtime_dir / CONTROL_SOCKET_FILE_NAME
 
     @property
     def database_file(self) -> Path:

@@ -239,6 +239,9 @@ class _Command(_ClientModel):
 
 class Ping(_Command):
     type: Literal["ping"] = "ping"
+    # Answer only once the daemon is ready (bounded by its own start-up wait): a client that
+    # just started the daemon waits for it without polling.
+    wait_ready: bool = False
 
 
 class ListSessions(_Command):

@@ -90,7 +90,7 @@ from orchestrator.api.socket_file import (
     take_lock,
     unlink_if_same,
 )
-from orchestrator.paths import Paths
+from orchestrator.paths import CONTROL_SOCKET_FILE_NAME, Paths
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S",
@@ -110,7 +110,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE_NAME: Final = "prime-agent"
 UNKNOWN_VERSION: Final = "0+unknown"
-SOCKET_FILE_NAME: Final = "orchestrator.sock"
+SOCKET_FILE_NAME: Final = CONTROL_SOCKET_FILE_NAME
 SOCKET_MODE: Final = 0o600
 HANDSHAKE_TIMEOUT_S: Final = 5.0
 # Commands one client may have running at once; the reader waits past this.
@@ -128,7 +128,7 @@ _PEERCRED_FORMAT: Final = "3i"  # struct ucred {pid_t pid; uid_t uid; gid_t gid;
 
 def default_socket_path(paths: Paths | None = None) -> Path:
     """``$XDG_RUNTIME_DIR/prime-agent/orchestrator.sock`` (or the /tmp fallback of ``Paths``)."""
-    return (paths or Paths.from_env()).runtime_dir / SOCKET_FILE_NAME
+    return (paths or Paths.from_env()).control_socket
 
 
 def package_version() -> str:

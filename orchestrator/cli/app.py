@@ -1,4 +1,5 @@
-"""``prime-agent``: the command line (typer).
+"""``prime-agent``: the command line (typer), for every command line the lean pre-dispatch
+(``cli/entry.py``, the entry point) does not take itself.
 
 ``main()`` dispatches: a first argument naming a subcommand (usage, export, ...) goes to the
 typer group; anything else is a task for the run command. A click group cannot take an optional
@@ -8,6 +9,7 @@ free-text argument next to subcommands, hence the split.
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -34,6 +36,7 @@ from orchestrator.cli import tree as tree_cmd
 from orchestrator.cli import tui_cmd
 from orchestrator.cli import usage as usage_cmd
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_USAGE, fail
+from orchestrator.cli.dispatch_names import HELP_WORDS, SUBCOMMANDS
 
 __all__ = ["SUBCOMMANDS", "app", "main"]
 
@@ -102,38 +105,8 @@ run_app.command(
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 
-SUBCOMMANDS = frozenset(
-    {
-        "usage",
-        "export",
-        "agents",
-        "attach",
-        "send",
-        "abort",
-        "observe",
-        "images",
-        "doctor",
-        "daemon",
-        "shutdown",
-        "import",
-        "tree",
-        "branch",
-        "fork",
-        "clone",
-        "compact",
-        "model",
-        "refine",
-        "harness",
-        "run",
-        "schedule",
-        "heartbeat",
-        "goal",
-        "tui",
-    }
-)
 
-
-def _invoke(group: typer.Typer, args: list[str]) -> None:
+def _invoke(group: typer.Typer, args: list[str]) -> NoReturn:
     try:
         code = group(args=args, prog_name="prime-agent", standalone_mode=False)
     except UsageError as exc:
@@ -144,11 +117,11 @@ def _invoke(group: typer.Typer, args: list[str]) -> None:
     raise SystemExit(code if isinstance(code, int) else 0)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in SUBCOMMANDS:
         _invoke(app, args)
-    elif args and args[0] in ("help", "--help-commands"):
+    elif args and args[0] in HELP_WORDS:
         _invoke(app, ["--help"])
     else:
         _invoke(run_app, args)

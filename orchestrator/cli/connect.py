@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 from typing import Any, Final
 
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError, ConnectionClosed, DaemonNotRunning
 from orchestrator.api.protocol import E_INVALID_COMMAND
-from orchestrator.cli.daemon import DAEMON_CONNECT_TIMEOUT_S
+from orchestrator.cli.autostart import AUTOSTART_ENV, DAEMON_CONNECT_TIMEOUT_S
 from orchestrator.errors import UserError
 
 __all__ = [
@@ -37,7 +36,6 @@ __all__ = [
     "require_daemon",
 ]
 
-AUTOSTART_ENV: Final = "PRIME_AGENT_DAEMON_AUTOSTART"
 _TRUE_WORDS: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS: Final = frozenset({"0", "false", "no", "off"})
 # A mutating command whose connection dropped is resent this many times (same command id).
@@ -61,19 +59,13 @@ def autostart_enabled() -> bool:
 
 def ensure_daemon(*, autostart: bool | None = None) -> bool:
     """True when a daemon answers, starting one first if allowed (synchronous code only)."""
-    from orchestrator.cli.daemon import daemon_info, start_daemon
+    from orchestrator.cli.autostart import announce_started, daemon_info, start_daemon
 
     if daemon_info() is not None:
         return True
     if not (autostart_enabled() if autostart is None else autostart):
         return False
-    info, started = start_daemon()
-    if started and sys.stderr.isatty():
-        print(
-            f"prime-agent: started the daemon (pid {info.get('pid')}; "
-            "prime-agent daemon stop stops it)",
-            file=sys.stderr,
-        )
+    announce_started(*start_daemon())
     return True
 
 

@@ -42,7 +42,7 @@ def doctor(
 
 
 def _doctor(fix: bool, all_instances: bool) -> int:
-    from orchestrator.cli.daemon import daemon_info
+    from orchestrator.cli.autostart import daemon_info
     from orchestrator.daemon import doctor as checks
     from orchestrator.paths import Paths
 

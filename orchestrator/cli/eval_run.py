@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, cast
 import typer
 
 from orchestrator.cli.common import EXIT_ABORTED, guarded
+from orchestrator.cli.print_run import INTERRUPTED_LINE
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ __all__ = ["eval_run", "session_settings", "stop_of"]
 # How a run without an autonomous or goal stop ended, as a stop reason.
 PLAIN_STOPS: Final = {"completed": "completed", "aborted": "aborted"}
 BACKEND_ENV: Final = "PRIME_AGENT_BACKEND"  # as `prime-agent -p` reads it
-INTERRUPTED_LINE: Final = "prime-agent: interrupted; the session history is kept"
 
 
 def stop_of(outcome_reason: str, stop: Any) -> tuple[str, int]:
@@ -76,8 +76,8 @@ def eval_run(
 
 
 def _eval_run(path: Path, no_daemon: bool) -> int:
-    from orchestrator.cli.daemon import daemon_info
-    from orchestrator.cli.run import daemon_for_run
+    from orchestrator.cli.autostart import daemon_info
+    from orchestrator.cli.print_run import daemon_for_run
     from orchestrator.control.eval_config import load_eval_config
     from orchestrator.paths import Paths
     from orchestrator.settings import load_settings

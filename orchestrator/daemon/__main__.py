@@ -17,6 +17,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, Final
 
+from orchestrator.bus.lean_import import WEBSOCKET_SCHEMES, import_nats_without_websockets
 from orchestrator.errors import UserError
 from orchestrator.file_modes import tighten_state, use_private_umask
 from orchestrator.paths import Paths, ensure_private_dir
@@ -39,7 +40,7 @@ STACK_DUMP_SIGNAL: Final = signal.SIGUSR1
 
 
 def _setup_logging(paths: Paths, level: str) -> None:
-    from orchestrator.daemon.service import daemon_log_path
+    from orchestrator.daemon.files import daemon_log_path
 
     path = daemon_log_path(paths)
     ensure_private_dir(path.parent)
@@ -74,6 +75,16 @@ def _run(daemon: Coroutine[Any, Any, None]) -> None:
         profile.dump_stats(profile_path)
 
 
+def _websocket_bus_configured(paths: Paths) -> bool:
+    """Whether config.toml may name a ``ws://`` NATS server (a plain text search: it errs on
+    the side of keeping nats-py's websocket transport; the settings are validated later)."""
+    try:
+        text = paths.config_file.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(scheme in text for scheme in WEBSOCKET_SCHEMES)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.daemon", description="Run the Prime Agent daemon."
@@ -87,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(paths, args.log_level)
     log = logging.getLogger("orchestrator.daemon")
     log.info("daemon starting: pid %d", os.getpid())
+    if not _websocket_bus_configured(paths):
+        import_nats_without_websockets()  # aiohttp is not needed: ~0.2 s off the start
     from orchestrator.daemon.service import STARTUP_ERROR_PREFIX, Daemon
 
     try:

@@ -72,8 +72,9 @@ class SessionControl(Protocol):
         """The session, loaded from the store when it is not (``SessionNotLoadable``)."""
         ...
 
-    async def unload(self, live: LiveSession) -> None:
-        """Take a quiet session and its loaded descendants out of memory."""
+    async def unload(self, live: LiveSession, *, stop_later: bool = False) -> None:
+        """Take a quiet session and its loaded descendants out of memory (``stop_later``:
+        without waiting for their sandboxes to stop)."""
         ...
 
     # -- input --------------------------------------------------------------------------------

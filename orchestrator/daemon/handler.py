@@ -306,6 +306,8 @@ class DaemonHandler(CommandHandler):
 
     async def handle(self, client: ClientInfo, command: Command) -> Any:
         if isinstance(command, Ping):
+            if command.wait_ready and not self.daemon.stopping:
+                await self.daemon.wait_ready()
             return self._ping()
         if self.daemon.stopping and not isinstance(command, Shutdown | Detach):
             raise ApiCommandError(E_SHUTTING_DOWN, "the daemon is stopping")
@@ -448,7 +450,9 @@ class DaemonHandler(CommandHandler):
             )
             await orch.record(live, "run_end", payload)
         if release and live.record.parent_id is None:
-            await orch.unload(live)
+            # The answer goes out while the tree's sandboxes stop (~0.3 s): a print-mode run
+            # exits on it. Loading the session again waits for them (Orchestrator.unload).
+            await orch.unload(live, stop_later=True)
         return result
 
     async def snapshot(self, client: ClientInfo, session: str) -> SessionSnapshot | None:

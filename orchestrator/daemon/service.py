@@ -38,6 +38,7 @@ from orchestrator.api.server import ControlServer, default_socket_path
 from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
 from orchestrator.daemon.config_watch import ConfigWatch, restart_notice
+from orchestrator.daemon.files import DAEMON_LOG_FILE_NAME, STARTUP_ERROR_PREFIX, daemon_log_path
 from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.daemon.schedule_link import make_scheduler, record_interrupted
 from orchestrator.models.registry import ResolvedModel, resolve_model
@@ -65,21 +66,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DAEMON_LOG_FILE_NAME: Final = "daemon.log"
-# How `python -m orchestrator.daemon` says it could not start (stderr, which `daemon start`
-# appends to the log and quotes without this prefix).
-STARTUP_ERROR_PREFIX: Final = "prime-agent daemon: error: "
 # A command that arrives while the daemon is still starting waits this long for it.
 READY_WAIT_TIMEOUT_S: Final = 60.0
 # Each phase of shutdown is bounded so a wedged part cannot keep the daemon (and its socket
 # lock) alive forever; sandbox stops are themselves bounded by PROCESS_STOP_GRACE_S.
 SHUTDOWN_PHASE_TIMEOUT_S: Final = 60.0
 _STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
-
-
-def daemon_log_path(paths: Paths | None = None) -> Path:
-    """The daemon's log, next to its socket in the private runtime directory."""
-    return (paths or Paths.from_env()).runtime_dir / DAEMON_LOG_FILE_NAME
 
 
 class Daemon:

@@ -203,6 +203,9 @@ class Orchestrator:
         self._budgeted: set[str] = set()
         self._budget_lock = asyncio.Lock()
         self._acks: set[asyncio.Task[None]] = set()
+        # Sandboxes of unloaded sessions still stopping (``unload(stop_later=True)``): a new
+        # load of the session waits for its old sandbox to be gone, and so does ``close``.
+        self._sandbox_stops: dict[str, asyncio.Task[None]] = {}
         self.interrupted_turns: list[str] = []  # by recover_interrupted (adoption.py resumes)
         # Start backoff, namespace snapshots and revival (docs/snapshots.md), idle unload.
         self.sandboxes = SandboxSupervisor(paths, debounce_s=settings.snapshot_debounce_s)
@@ -399,6 +402,9 @@ class Orchestrator:
     async def _load(self, session_id: str) -> LiveSession:
         if self._closing:
             raise SessionNotLoadable("the orchestrator is closing")
+        stopping = self._sandbox_stops.get(session_id)
+        if stopping is not None:  # its last sandbox first (its snapshot, its record)
+            await asyncio.wait({stopping})
         record = await self.store.get_session(session_id)  # the row as of now, not the caller's
         if record is None:
             raise SessionNotLoadable(f"no session {session_id}")
@@ -893,18 +899,23 @@ class Orchestrator:
                 f"(still busy: {', '.join(busy[:5])})"
             ) from None
 
-    async def unload(self, live: LiveSession) -> None:
+    async def unload(self, live: LiveSession, *, stop_later: bool = False) -> None:
         """Take a quiet session and its loaded descendants out of memory (docs/spec.md §4).
 
         Sandboxes stop and NATS users go; everything else is on disk, and ``load_session``
-        brings the session back when a prompt, message or attach needs it.
+        brings the session back when a prompt, message or attach needs it. ``stop_later``:
+        return before the sandboxes have stopped (a print-mode run's answer must not wait
+        for them); loading the session again, or ``close``, waits for them.
         """
         for child in [s for s in self.sessions.values() if s.record.parent_id == live.id]:
-            await self.unload(child)
+            await self.unload(child, stop_later=stop_later)
         if live.driver is not None and not live.driver.done():
             live.driver.cancel()
             await asyncio.wait({live.driver})
-        await self._stop_sandbox(live)
+        if stop_later and live.sandbox_task is not None:
+            self._stop_sandbox_later(live)
+        else:
+            await self._stop_sandbox(live)
         if self.bus is not None:
             with contextlib.suppress(Exception):
                 await self.bus.forget(live.id)
@@ -999,6 +1010,18 @@ class Orchestrator:
                 with contextlib.suppress(Exception):
                     await self.bus.purge_messages(live.id)
 
+    def _stop_sandbox_later(self, live: LiveSession) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._stop_sandbox(live), name=f"stop-sandbox-{live.id}"
+        )
+        self._sandbox_stops[live.id] = task
+
+        def done(_task: asyncio.Task[None], session_id: str = live.id) -> None:
+            if self._sandbox_stops.get(session_id) is _task:
+                del self._sandbox_stops[session_id]
+
+        task.add_done_callback(done)
+
     async def _stop_sandbox(self, live: LiveSession) -> None:
         task = live.sandbox_task
         if task is None:
@@ -1040,6 +1063,8 @@ class Orchestrator:
             if live.record.parent_id is None:
                 with contextlib.suppress(Exception):
                     await self.stop_session(live)
+        if self._sandbox_stops:
+            await asyncio.wait(set(self._sandbox_stops.values()))
         for backend in self.backends.values():  # stops adopted sandboxes not loaded too
             with contextlib.suppress(Exception):
                 await backend.close()

@@ -325,6 +325,8 @@ def test_continue_and_resume(
         "litellm",
         "duckdb",
         "orchestrator.store.db",
+        "typer",  # a plain -p is parsed without it (cli/entry.py)
+        "orchestrator.cli.app",
     }
 
     # --continue: the newest session of this directory, with its history.

@@ -1,0 +1,30 @@
+"""The choices of the run command's options, shared by typer (``cli/run.py``) and the lean
+pre-dispatch (``cli/entry.py``); only the standard library, so the pre-dispatch stays cheap."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["Backend", "Mode", "Workspace"]
+
+
+class Mode(StrEnum):
+    text = "text"
+    json = "json"
+
+
+class Backend(StrEnum):
+    """``--backend``: orchestrator/sandbox/choice.py's BACKEND_CHOICES (a test keeps them equal)."""
+
+    auto = "auto"  # docker when usable, else bwrap, else refused
+    docker = "docker"
+    bwrap = "bwrap"
+    local = "local"  # only when asked for: NOT isolated (a warning says so)
+
+
+class Workspace(StrEnum):
+    """How the project directory reaches the sandbox (docs/docker.md, "Workspace modes")."""
+
+    rw = "rw"
+    ro = "ro"  # read-only (the local backend cannot enforce it and says so)
+    copy = "copy"  # a private copy, synced back into the project when the sandbox stops
