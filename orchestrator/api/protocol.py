@@ -19,9 +19,6 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 
-from orchestrator.session_specs import ENV_NAME_PATTERN
-from orchestrator.settings import SANDBOX_MEMORY_MIN_MIB
-
 __all__ = [
     "CAP_EVENTS",
     "CAP_IDEMPOTENCY",
@@ -125,6 +122,12 @@ MAX_ENV_VALUE_CHARS = 8192
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
 EXIT_CODE_MAX: Final = 255  # a process exit status
+# The protocol's own copies of two rules of the layers below, so that a client (the TUI, the
+# lean -p path) loads neither the settings nor the stored specs: a stored key variable's name
+# (session_specs.ENV_NAME_PATTERN) and the smallest sandbox memory (settings.
+# SANDBOX_MEMORY_MIN_MIB). tests/unit/test_run_settings.py keeps them equal.
+KEY_ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+SANDBOX_MEMORY_MIN_MIB: Final = 128
 MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
@@ -285,7 +288,8 @@ class ModelChoice(_ClientModel):
     """What a run says about its model over the daemon's ``[models]`` entry (an eval
     config's ``model`` section): stored in the session's model spec, nowhere else."""
 
-    api_key_env: str | None = Field(default=None, pattern=ENV_NAME_PATTERN)  # a name, never a key
+    # a name, never a key
+    api_key_env: str | None = Field(default=None, pattern=KEY_ENV_NAME_PATTERN)
     context_window: int | None = Field(default=None, ge=1)
     input_cost_per_mtok: float | None = Field(default=None, ge=0)
     output_cost_per_mtok: float | None = Field(default=None, ge=0)

@@ -124,3 +124,12 @@ async def test_run_settings_are_stored_with_the_session(tmp_path: Path) -> None:
     async with await Store.open(db, read_only=True) as store:
         again = await store.get_session(sid)
     assert again is not None and again.run_settings == CHOSEN and again.spec_problem is None
+
+
+def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
+    """api/protocol.py keeps its own copies so clients load neither settings nor specs."""
+    from orchestrator import session_specs, settings
+    from orchestrator.api import protocol
+
+    assert protocol.KEY_ENV_NAME_PATTERN == session_specs.ENV_NAME_PATTERN
+    assert protocol.SANDBOX_MEMORY_MIN_MIB == settings.SANDBOX_MEMORY_MIN_MIB
