@@ -26,7 +26,10 @@ pytestmark = [
 ]
 
 CAP = 4096
-GRACE_S = 1.0
+# A bound, not an expectation: under a loaded 2-core machine a docker interrupt has taken more
+# than 1 s to land (CI saw two cells restarted instead of interrupted); only the cell that
+# ignores SIGINT waits it out.
+GRACE_S = 5.0
 SANDBOX_UID = 1000  # the image's user; a root-owned workspace is handed to it
 
 
