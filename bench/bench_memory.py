@@ -8,7 +8,9 @@ the per-process split at that moment. RSS sums count shared pages once per proce
 them out, so the PSS sum is the tree's real footprint.
 
 The fake-model run asks for one cell (``x = 1``) and then answers, so the kernel exists and
-litellm is loaded: the shape of a real short run.
+litellm is loaded: the shape of a real short run. ``-p`` starts the user's daemon when none
+runs (autostart); the daemon is the CLI's child until the CLI exits, so it is in the sampled
+tree (role ``daemon``), and it is stopped after each run so the next one starts from nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import FakeServerProcess, TreeSampler, cli_argv, cli_env, private_xdg, row
+from bench.common import (
+    PYTHON,
+    FakeServerProcess,
+    TreeSampler,
+    cli_argv,
+    cli_env,
+    private_xdg,
+    row,
+)
 
 __all__ = ["run"]
 
@@ -32,7 +42,9 @@ EMBEDDED_TIMEOUT_S = 600.0
 TASK = "bench-rss-task"
 SCRIPT = f'repeat forever:\n    when "{TASK}": code: x = 1\n    else: text: done\n'
 EMBEDDED_TASK = "Compute 6 * 7 with Python, then answer with the number."
-ROLES = ("cli", "gateway", "kernel", "nats-server", "embedded-model")
+ROLES = ("cli", "daemon", "gateway", "kernel", "nats-server", "embedded-model")
+# What the issue counts as host side: everything but the sandbox (gateway and kernel).
+HOST_ROLES = ("cli", "daemon", "nats-server", "embedded-model")
 
 
 def _sampled_run(
@@ -56,6 +68,14 @@ def _sampled_run(
         raise
     finally:
         sampler.stop()
+        # the daemon -p autostarted: stop it, so the next run starts from nothing
+        subprocess.run(
+            [PYTHON, "-m", "orchestrator", "daemon", "stop"],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            timeout=timeout_s,
+        )
     if proc.returncode != 0:
         raise RuntimeError(
             f"prime-agent -p failed ({proc.returncode}): {stderr.decode(errors='replace')[-500:]}"
@@ -74,6 +94,8 @@ def _rows(label: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row(f"peak RSS sum, {label}", "MiB", [r["peak_rss_mib"] for r in runs]),
         row(f"  peak PSS sum, {label}", "MiB", [r["peak_pss_mib"] for r in runs]),
     ]
+    host = [sum(v for k, v in r["at_peak_mib"].items() if k in HOST_ROLES) for r in runs]
+    rows.append(row("  host side at peak (no gateway, kernel)", "MiB", host))
     roles = [x for x in ROLES if any(x in r["at_peak_mib"] for r in runs)]
     roles += sorted({k for r in runs for k in r["at_peak_mib"]} - set(roles))
     for role in roles:

@@ -275,7 +275,7 @@ def _pss_kib(pid: int) -> int | None:
 
 
 def role_of(pid: int, root: int) -> str:
-    """A short name for a process of a ``-p`` run: cli, gateway, kernel, embedded-model…"""
+    """A short name for a process of a ``-p`` run: cli, daemon, gateway, kernel, embedded-model…"""
     if pid == root:
         return "cli"
     try:
@@ -285,6 +285,8 @@ def role_of(pid: int, root: int) -> str:
         return f"pid {pid}"
     if "gateway_main" in cmd:
         return "gateway"
+    if "orchestrator.daemon" in cmd:
+        return "daemon"
     if "ipykernel" in cmd or "IPKernelApp" in cmd:
         return "kernel"
     if "embedded_server" in cmd or "llama" in cmd:
