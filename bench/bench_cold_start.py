@@ -46,6 +46,7 @@ from bench.common import (
     cli_env,
     private_xdg,
     row,
+    stop_daemon,
     time_command,
 )
 
@@ -129,13 +130,7 @@ def _one(api_base: str, base: Path) -> tuple[float, float]:
             raise
         finished = time.perf_counter()
         # -p started a daemon (autostart): stop it, so the next run starts cold again.
-        subprocess.run(
-            [PYTHON, "-m", "orchestrator", "daemon", "stop"],
-            env=cli_env(xdg),
-            cwd=workdir,
-            capture_output=True,
-            timeout=RUN_TIMEOUT_S,
-        )
+        stop_daemon(cli_env(xdg), workdir)
         reader.join(5)
         stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         if proc.stderr is not None:
@@ -168,13 +163,7 @@ def _warm(api_base: str, base: Path, runs: int) -> list[float]:
                 out.append(time.perf_counter() - start)
             return out
         finally:
-            subprocess.run(
-                [PYTHON, "-m", "orchestrator", "daemon", "stop"],
-                env=env,
-                cwd=workdir,
-                capture_output=True,
-                timeout=RUN_TIMEOUT_S,
-            )
+            stop_daemon(env, workdir)
 
 
 def _probe(api_base: str, freeze: bool) -> dict[str, float]:

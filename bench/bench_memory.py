@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    PYTHON,
     FakeServerProcess,
     TreeSampler,
     cli_argv,
     cli_env,
     private_xdg,
     row,
+    stop_daemon,
 )
 
 __all__ = ["run"]
@@ -69,13 +69,7 @@ def _sampled_run(
     finally:
         sampler.stop()
         # the daemon -p autostarted: stop it, so the next run starts from nothing
-        subprocess.run(
-            [PYTHON, "-m", "orchestrator", "daemon", "stop"],
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            timeout=timeout_s,
-        )
+        stop_daemon(env, cwd)
     if proc.returncode != 0:
         raise RuntimeError(
             f"prime-agent -p failed ({proc.returncode}): {stderr.decode(errors='replace')[-500:]}"

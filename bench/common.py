@@ -42,6 +42,7 @@ __all__ = [
     "role_of",
     "row",
     "set_child_subreaper",
+    "stop_daemon",
     "summarize",
     "time_command",
 ]
@@ -155,6 +156,21 @@ def cli_env(xdg: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PROVIDER_KEY_VARS}
     env.update(xdg)
     return env
+
+
+DAEMON_STOP_TIMEOUT_S = 120.0
+
+
+def stop_daemon(env: dict[str, str], cwd: Path) -> None:
+    """``prime-agent daemon stop`` with ``env``'s dirs: the daemon a ``-p`` run autostarted,
+    so the next run starts from nothing and no process is left behind."""
+    subprocess.run(
+        [PYTHON, "-m", "orchestrator", "daemon", "stop"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=DAEMON_STOP_TIMEOUT_S,
+    )
 
 
 def cli_argv(task: str, api_base: str | None) -> list[str]:

@@ -119,7 +119,6 @@ PROTOCOL_VERSION = 1
 MAX_API_BASE_CHARS = 2048
 MAX_CLIENT_ENV = 8  # a key variable and OPENAI_BASE_URL; room to spare
 MAX_ENV_VALUE_CHARS = 8192
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Z_][A-Z0-9_]{0,127}$")]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_ENV_VALUE_CHARS)]
 EXIT_CODE_MAX: Final = 255  # a process exit status
 # The protocol's own copies of two rules of the layers below, so that a client (the TUI, the
@@ -128,6 +127,9 @@ EXIT_CODE_MAX: Final = 255  # a process exit status
 # SANDBOX_MEMORY_MIN_MIB). tests/unit/test_run_settings.py keeps them equal.
 KEY_ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 SANDBOX_MEMORY_MIN_MIB: Final = 128
+# A variable of the client's environment sent with a session: any name a config may give as
+# api_key_env (a lower-case one too), so what a config accepts the daemon accepts.
+EnvName = Annotated[str, StringConstraints(pattern=KEY_ENV_NAME_PATTERN)]
 MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
 WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0

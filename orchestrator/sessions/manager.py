@@ -297,13 +297,7 @@ class Orchestrator:
             ),
             model_spec=stored_model(model),
             sandbox_policy=policy,
-            run_settings=(
-                parent.record.run_settings
-                if parent is not None
-                else run_settings
-                if run_settings is not None and not run_settings.empty
-                else None
-            ),
+            run_settings=parent.record.run_settings if parent is not None else run_settings,
         )
         await self.store.create_session(record)
         # The NATS user is created with the sandbox (its only user), not here: a child that

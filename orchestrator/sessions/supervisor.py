@@ -86,10 +86,9 @@ class SandboxSupervisor:
         self.max_failures = START_MAX_FAILURES
         self.start_slots = START_SLOTS
         self._sessions: dict[str, _Session] = {}
-        # Invariant: at most ``start_slots`` awaits of a backend's ``create`` run at once, and
-        # ``_starting`` is their number (made when first needed: the loop must be running).
+        # Invariant: at most ``start_slots`` awaits of a backend's ``create`` run at once (the
+        # gate is made at the first start, so a test may change ``start_slots`` before it).
         self._start_gate: asyncio.Semaphore | None = None
-        self._starting = 0
 
     # --- per-session state ------------------------------------------------------------------
 
@@ -149,11 +148,6 @@ class SandboxSupervisor:
             await keeper.adopt(sandbox.run_silent)
         return kept
 
-    @property
-    def starting(self) -> int:
-        """Sandbox starts running now (at most ``start_slots``)."""
-        return self._starting
-
     async def _in_turn(self, create: Awaitable[Sandbox]) -> Sandbox:
         """Await ``create`` once one of the ``start_slots`` is free."""
         if self._start_gate is None:
@@ -164,11 +158,9 @@ class SandboxSupervisor:
             if inspect.iscoroutine(create):
                 create.close()  # never started: no "never awaited" warning
             raise
-        self._starting += 1
         try:
             return await create
         finally:
-            self._starting -= 1
             self._start_gate.release()
 
     def _failed_start(self, live: LiveSession, state: _Session, exc: Exception) -> Exception:

@@ -51,7 +51,7 @@ async def test_many_sessions_start_their_sandboxes_a_few_at_a_time() -> None:
         await asyncio.gather(*(task for task in tasks if task is not None))
         assert backend.starts == SESSIONS
         assert backend.peak == SLOTS  # without the slots all four overlap
-        assert h.orch.sandboxes.starting == 0
+        assert backend.running == 0
         for live in sessions:
             await h.prompt(live, "go")
             results = await h.tool_results(live)

@@ -133,3 +133,16 @@ def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
 
     assert protocol.KEY_ENV_NAME_PATTERN == session_specs.ENV_NAME_PATTERN
     assert protocol.SANDBOX_MEMORY_MIN_MIB == settings.SANDBOX_MEMORY_MIN_MIB
+
+
+def test_a_lower_case_key_variable_a_config_accepts_the_protocol_accepts() -> None:
+    """An eval config may name its key ``my_key``; the client sends it in ``client_env``."""
+    sent = CreateSession(
+        command_id="c-1",
+        cwd="/tmp",
+        client_env={"my_key": "secret"},
+        settings={"model": {"api_key_env": "my_key"}},
+    )
+    assert sent.client_env == {"my_key": "secret"}
+    with pytest.raises(ValidationError):
+        CreateSession(command_id="c-2", cwd="/tmp", client_env={"9BAD": "x"})
