@@ -305,11 +305,14 @@ class Daemon:
             await self._bounded("closing the store", store.close())
             stats = store.statistics()
             log.info(
-                "store: %d commits, %d events, largest batch %d, %d failed commits",
+                "store: %d commits, %d events, largest batch %d, %d failed commits, "
+                "%d ingests into the tables, %d other jobs",
                 stats.commits,
                 stats.rows,
                 stats.largest_batch,
                 stats.failed_commits,
+                stats.ingests,
+                stats.calls,
             )
 
     async def _stop_sessions(self, orch: Orchestrator) -> None:

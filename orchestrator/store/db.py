@@ -6,12 +6,17 @@ jobs to a queue; the writer resolves each caller's future with ``loop.call_soon_
 
 Appends are group-committed: the writer takes every append that is waiting (those made in the
 same loop iteration reach it together, those that arrived while the previous commit was
-fsyncing, plus, when several sessions have been appending together, those that arrive within
-``GROUP_COMMIT_WINDOW_S``) and writes them in ONE transaction with a bulk
-``INSERT … SELECT unnest(…)``, together with the sessions' new leaf pointers and any usage rows.
-A caller's ``append`` returns only after that COMMIT (R1: acknowledged means committed), so a
-crash at any moment leaves either the whole batch or none of it, and nobody was told about a
-row that is not on disk.
+syncing, plus, when several sessions have been appending together, those that arrive within
+``GROUP_COMMIT_WINDOW_S``) and commits them as ONE line of the commit log
+(``store/commit_log.py``): one write and one ``fdatasync``. A caller's ``append`` returns only
+after that (R1: acknowledged means durable), so a crash at any moment leaves either the whole
+batch or none of it, and nobody was told about a row that is not on disk.
+
+The committed rows reach DuckDB's tables later, many batches in one transaction (``_ingest``):
+at the latest ``INGEST_DELAY_S`` after the oldest of them, at ``INGEST_MAX_ROWS`` or
+``INGEST_MAX_BYTES``, and always before any other job (a read, a session update, close) runs,
+so every read sees every append acknowledged before it was submitted. A writable open replays
+what a killed process left in the log.
 
 A failed commit (disk full, I/O error) fails only the futures of that batch with ``StoreError``;
 the in-memory sequence counters and leaf pointers advance only after a successful commit, so the
@@ -30,7 +35,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, TypeVar
@@ -38,10 +42,11 @@ from typing import Any, Final, Literal, TypeVar
 import duckdb
 from pydantic import BaseModel
 
-from orchestrator.errors import PrimeAgentError, StoreError
+from orchestrator.errors import PrimeAgentError, StoreError, StoreLocked
 from orchestrator.ids import new_event_id, validate_session_id
 from orchestrator.paths import ensure_private_dir
 from orchestrator.store import queries, sandboxes
+from orchestrator.store.commit_log import CommitLog, LoggedRow, commit_log_path, has_pending
 from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
 from orchestrator.store.leaves import repair_leaves
 from orchestrator.store.migrate import check_readable, migrate
@@ -74,6 +79,9 @@ __all__ = [
     "DATABASE_FILE_MODE",
     "GROUP_COMMIT_MAX_ROWS",
     "GROUP_COMMIT_WINDOW_S",
+    "INGEST_DELAY_S",
+    "INGEST_MAX_BYTES",
+    "INGEST_MAX_ROWS",
     "UPDATABLE_SESSION_FIELDS",
     "EventRecord",
     "SessionRecord",
@@ -89,6 +97,14 @@ GROUP_COMMIT_WINDOW_S = 0.002
 # Upper bound on rows in one transaction, so one huge burst cannot delay everyone's
 # acknowledgement behind a single enormous commit.
 GROUP_COMMIT_MAX_ROWS = 1000
+# Committed rows wait in the commit log at most this long before one DuckDB transaction moves
+# them into the tables (unless a read or other job needs them there first). Longer means fewer
+# transactions per step under load; the rows are durable either way.
+INGEST_DELAY_S = 0.2
+# ... or until this many rows / payload bytes wait. That bounds the memory they hold, the size of
+# one ingest, and the free disk space the tables need before a full disk's log can be emptied.
+INGEST_MAX_ROWS = 2000
+INGEST_MAX_BYTES = 1024 * 1024
 # The database holds conversations (possibly secrets): owner-only, like the 0700 directory.
 DATABASE_FILE_MODE = 0o600
 WRITER_THREAD_NAME = "prime-agent-store-writer"
@@ -115,11 +131,14 @@ CURRENT_LEAF: Final = _Leaf.CURRENT
 class StoreStatistics:
     """Counters of the writer thread (``Store.statistics()``), for tests, bench and doctor."""
 
-    commits: int  # append transactions committed
-    rows: int  # events committed by those transactions
-    failed_commits: int  # append transactions rolled back (their callers got StoreError)
-    largest_batch: int  # most events in one committed transaction
+    commits: int  # append batches committed (one commit-log line each)
+    rows: int  # events committed by those batches
+    failed_commits: int  # append batches that failed (their callers got StoreError)
+    largest_batch: int  # most events in one committed batch
     queued: int  # jobs waiting for the writer right now
+    ingests: int  # DuckDB transactions that moved committed rows from the log into the tables
+    pending: int  # committed rows still only in the commit log
+    calls: int  # other jobs run (reads, session updates, transactions)
 
 
 # -- jobs ----------------------------------------------------------------------------------------
@@ -233,6 +252,56 @@ WHERE sessions.id = u.id
 _UPDATE_ONE_LEAF = "UPDATE sessions SET leaf_event_id = $2, updated_at = $3 WHERE id = $1"
 
 
+def _write_rows(
+    con: duckdb.DuckDBPyConnection, rows: list[tuple[LoggedRow, UsagePayload | None]]
+) -> None:
+    """Insert committed rows, their usage rows, and each session's new leaf (its last row)."""
+    # One Python list per column: DuckDB's fastest insert path from Python (docs/store.md,
+    # "Appends and group commit").
+    con.execute(
+        _INSERT_EVENTS,
+        [
+            [r.session_id for r, _ in rows],
+            [r.seq for r, _ in rows],
+            [r.id for r, _ in rows],
+            [r.parent_event_id for r, _ in rows],
+            [r.type for r, _ in rows],
+            [r.ts for r, _ in rows],
+            [r.payload_json for r, _ in rows],
+        ],
+    )
+    usage = [(u, r) for r, u in rows if u is not None]
+    if usage:
+        con.execute(
+            _INSERT_USAGE,
+            [
+                [r.id for _, r in usage],
+                [r.session_id for _, r in usage],
+                [r.root_id for _, r in usage],
+                [u.provider for u, _ in usage],
+                [u.model for u, _ in usage],
+                [u.input for u, _ in usage],
+                [u.output for u, _ in usage],
+                [u.cache_read for u, _ in usage],
+                [u.cache_write for u, _ in usage],
+                [u.cost_usd for u, _ in usage],
+                [u.cost_usd is not None for u, _ in usage],
+                [u.latency_ms for u, _ in usage],
+                [r.ts for _, r in usage],
+            ],
+        )
+    leaves = {r.session_id: r for r, _ in rows}  # every append moves its session's leaf to it
+    if len(leaves) == 1:
+        (last,) = leaves.values()
+        con.execute(_UPDATE_ONE_LEAF, [last.session_id, last.id, last.ts])
+        return
+    sessions = sorted(leaves)
+    con.execute(
+        _UPDATE_LEAVES,
+        [sessions, [leaves[s].id for s in sessions], [leaves[s].ts for s in sessions]],
+    )
+
+
 class Store:
     """The database of one daemon. Create with ``await Store.open(path)``; close when done.
 
@@ -257,14 +326,24 @@ class Store:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._sessions: dict[str, _SessionState] = {}
         self._last_batch_sessions = 0
-        # Test seam: called inside the append transaction just before COMMIT; raising from it
-        # simulates a disk error at the worst moment.
+        self._log: CommitLog | None = None
+        # Rows committed to the log and not yet in the tables, in commit order, with the usage
+        # row each one adds. Invariant: each row's session is in ``_sessions`` (its counters are
+        # ahead of the tables), or ``_con`` is None and the next ``_connect`` replays the log.
+        self._unflushed: list[tuple[LoggedRow, UsagePayload | None]] = []
+        self._unflushed_bytes = 0
+        self._unflushed_since = 0.0  # monotonic time of the oldest row in _unflushed
+        # Test seam: called after a batch is written to the commit log, before its fdatasync;
+        # raising from it simulates a disk error at the worst moment.
         self._before_commit: Callable[[], None] | None = None
         self._stats_lock = threading.Lock()
         self._commits = 0
         self._rows = 0
         self._failed_commits = 0
         self._largest_batch = 0
+        self._ingests = 0
+        self._pending = 0
+        self._calls = 0
         self._thread = threading.Thread(target=self._run, name=WRITER_THREAD_NAME, daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -279,6 +358,11 @@ class Store:
         path = Path(path).expanduser().absolute()
         if read_only and not path.exists():
             raise StoreError(f"database {path} does not exist")
+        if read_only and has_pending(path):
+            # A killed writer left committed rows in the commit log; only a writable open can
+            # move them into the tables. If another process holds the file, it has done so.
+            with contextlib.suppress(StoreLocked):
+                await (await cls.open(path)).close()
         if not read_only and not path.parent.exists():
             try:
                 ensure_private_dir(path.parent)
@@ -336,6 +420,9 @@ class Store:
                 failed_commits=self._failed_commits,
                 largest_batch=self._largest_batch,
                 queued=self._queue.qsize(),
+                ingests=self._ingests,
+                pending=self._pending,
+                calls=self._calls,
             )
 
     # -- sessions --------------------------------------------------------------------------------
@@ -558,13 +645,14 @@ class Store:
     def _run(self) -> None:
         carry: _Job | None = None
         while True:
-            job = carry if carry is not None else self._queue.get()
+            job = carry if carry is not None else self._next_job()
             carry = None
             if isinstance(job, _Close):
                 self._finish(job)
                 return
             if isinstance(job, _Call):
-                self._run_call(job)
+                if self._flush_for(job):
+                    self._run_call(job)
                 continue
             assert isinstance(job, _Append)
             batch = [job]
@@ -574,6 +662,24 @@ class Store:
             except BaseException as exc:  # a bug: answer everyone, keep the writer alive
                 for req in batch:
                     _settle(req, exc=exc)
+            if len(self._unflushed) >= INGEST_MAX_ROWS or self._unflushed_bytes >= INGEST_MAX_BYTES:
+                self._try_ingest()
+
+    def _next_job(self) -> _Job:
+        """The next job; while committed rows wait for the tables, ingest them when due."""
+        while True:
+            if not self._unflushed:
+                return self._queue.get()
+            remaining = self._unflushed_since + INGEST_DELAY_S - time.monotonic()
+            if remaining > 0:
+                try:
+                    return self._queue.get(timeout=remaining)
+                except queue.Empty:
+                    pass
+            if not self._try_ingest():
+                # The tables cannot take them now (disk full?): the rows are safe in the log;
+                # try again after another delay rather than spinning.
+                self._unflushed_since = time.monotonic()
 
     def _gather(self, batch: list[_Append]) -> _Job | None:
         """Add waiting appends to ``batch``; return the first non-append job met, if any."""
@@ -599,7 +705,25 @@ class Store:
             batch.append(job)
         return None
 
+    def _flush_for(self, job: _Call) -> bool:
+        """Before a call runs, every committed row must be in the tables (a read sees every
+        acknowledged append). False, with the job answered, when they cannot get there."""
+        if not self._unflushed or self._try_ingest():
+            return True
+        pending = len(self._unflushed)
+        _settle(
+            job,
+            exc=StoreError(
+                f"database {self._path}: {pending} committed event(s) could not be moved from "
+                f"the commit log into the tables ({self._last_ingest_error}); they are kept "
+                "and moved when the database can be written again"
+            ),
+        )
+        return False
+
     def _run_call(self, job: _Call) -> None:
+        with self._stats_lock:
+            self._calls += 1
         try:
             result = job.fn()
         except PrimeAgentError as exc:
@@ -614,12 +738,17 @@ class Store:
 
     def _finish(self, job: _Close) -> None:
         try:
+            # Whatever cannot reach the tables now stays in the log for the next open.
+            self._try_ingest()
             if self._con is not None:
                 self._con.close()  # DuckDB checkpoints the WAL into the file here
         except duckdb.Error:
-            pass  # everything acknowledged is already in the WAL; the next open replays it
+            pass  # everything acknowledged is already in the WAL or the log; the next open replays
         finally:
             self._con = None
+            if self._log is not None:
+                self._log.close()
+                self._log = None
             _release_path(self._path_key)
             self._done.set()
             _settle(job)
@@ -641,6 +770,7 @@ class Store:
                 check_readable(con, self._path)
             else:
                 migrate(con, self._path)
+                self._replay(con)
                 # A session with events but no leaf (docs/tree.md).
                 repair_leaves(con)
                 os.chmod(self._path, DATABASE_FILE_MODE)
@@ -648,6 +778,45 @@ class Store:
             con.close()
             raise
         self._con = con
+
+    def _replay(self, con: duckdb.DuckDBPyConnection) -> None:
+        """Move what the commit log holds into the tables (rows a killed process, or a failed
+        ingest, left there), skipping rows the tables have; then empty the log."""
+        try:
+            if self._log is None:
+                self._log = CommitLog(commit_log_path(self._path))
+            batches = self._log.read() if self._log.size else []
+        except OSError as exc:
+            raise _store_error(f"cannot read the commit log of {self._path}: {exc}", exc) from exc
+        if batches:
+            last_seq: dict[str, int] = {}
+            rows: list[tuple[LoggedRow, UsagePayload | None]] = []
+            for row in (r for batch in batches for r in batch):
+                if row.session_id not in last_seq:
+                    last_seq[row.session_id] = queries.session_cursor(con, row.session_id)[2]
+                if row.seq <= last_seq[row.session_id]:
+                    continue  # in the tables already (the log was not emptied after an ingest)
+                last_seq[row.session_id] = row.seq
+                usage = None
+                if row.type == "usage":
+                    usage = UsagePayload.model_validate_json(row.payload_json)
+                rows.append((row, usage))
+            if rows:
+                con.begin()
+                try:
+                    _write_rows(con, rows)
+                    con.commit()
+                except BaseException:
+                    with contextlib.suppress(duckdb.Error):
+                        con.rollback()
+                    raise
+        try:
+            self._log.clear()
+        except OSError as exc:
+            raise _store_error(f"cannot empty the commit log of {self._path}: {exc}", exc) from exc
+        self._unflushed.clear()
+        self._unflushed_bytes = 0
+        self._set_pending()
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
@@ -660,9 +829,9 @@ class Store:
         """After a DuckDB error: keep the connection if it still works, else reopen it.
 
         DuckDB invalidates the whole database instance after a fatal I/O error during commit;
-        every later statement on that connection would fail. Reopening replays the WAL, so the
-        committed state comes back; the cached counters are dropped and reloaded from it. If
-        reopening fails now (disk still full), the next job tries again.
+        every later statement on that connection would fail. Reopening replays DuckDB's WAL and
+        the commit log, so the committed state comes back; the cached counters are dropped and
+        reloaded from it. If reopening fails now (disk still full), the next job tries again.
         """
         con = self._con
         if con is None:
@@ -693,11 +862,12 @@ class Store:
     def _run_batch(self, batch: list[_Append]) -> None:
         now = utcnow()
         db_now = to_db_ts(now)
-        # Counters advance on copies; they replace the cache only after COMMIT, so a failed
-        # transaction leaves no gap and no phantom leaf.
+        if self._unflushed and any(isinstance(req.parent, str) for req in batch):
+            self._try_ingest()  # an explicit parent is looked up in the tables
+        # Counters advance on copies; they replace the cache only after the commit, so a
+        # failed one leaves no gap and no phantom leaf.
         pending: dict[str, _SessionState] = {}
-        touched: set[str] = set()
-        accepted: list[tuple[_Append, EventRecord, str]] = []  # (request, record, root_id)
+        accepted: list[tuple[_Append, EventRecord, LoggedRow]] = []
         for req in batch:
             try:
                 state = pending.get(req.session_id)
@@ -724,88 +894,78 @@ class Store:
                 payload=req.payload,
             )
             state.leaf = record.id
-            touched.add(req.session_id)
-            accepted.append((req, record, state.root_id))
+            row = LoggedRow(
+                req.session_id,
+                state.root_id,
+                record.seq,
+                record.id,
+                parent,
+                req.type,
+                db_now,
+                req.payload_json,
+            )
+            accepted.append((req, record, row))
         if not accepted:
             self._last_batch_sessions = 0
             return
         try:
-            con = self._connection()
-            con.begin()
-            try:
-                self._write_batch(con, accepted, {s: pending[s] for s in touched}, db_now)
-                if self._before_commit is not None:
-                    self._before_commit()
-                con.commit()
-            except BaseException:
-                # The failure may already have aborted the transaction.
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
-        except (duckdb.Error, OSError, PrimeAgentError) as exc:
+            if self._log is None:
+                self._connection()  # a failed reopen left no log; this opens both or raises
+            assert self._log is not None
+            self._log.append([row for _, _, row in accepted], self._before_commit)
+        except (OSError, PrimeAgentError, duckdb.Error) as exc:
             with self._stats_lock:
                 self._failed_commits += 1
             message = f"could not commit {len(accepted)} event(s) to {self._path}: {_one_line(exc)}"
             _settle_all([(req, None, _store_error(message, exc)) for req, _, _ in accepted])
-            self._recover()
             return
+        touched = {row.session_id for _, _, row in accepted}
         self._sessions.update({s: pending[s] for s in touched})
         self._last_batch_sessions = len(touched)
+        if not self._unflushed:
+            self._unflushed_since = time.monotonic()
+        self._unflushed.extend((row, req.usage) for req, _, row in accepted)
+        self._unflushed_bytes += sum(len(row.payload_json) for _, _, row in accepted)
         with self._stats_lock:
             self._commits += 1
             self._rows += len(accepted)
             self._largest_batch = max(self._largest_batch, len(accepted))
+            self._pending = len(self._unflushed)
         _settle_all([(req, record, None) for req, record, _ in accepted])
 
-    def _write_batch(
-        self,
-        con: duckdb.DuckDBPyConnection,
-        accepted: list[tuple[_Append, EventRecord, str]],
-        leaves: dict[str, _SessionState],
-        db_now: datetime,
-    ) -> None:
-        # One Python list per column: DuckDB's fastest insert path from Python (docs/store.md,
-        # "Appends and group commit").
-        con.execute(
-            _INSERT_EVENTS,
-            [
-                [r.session_id for _, r, _ in accepted],
-                [r.seq for _, r, _ in accepted],
-                [r.id for _, r, _ in accepted],
-                [r.parent_event_id for _, r, _ in accepted],
-                [r.type for _, r, _ in accepted],
-                [db_now] * len(accepted),
-                [req.payload_json for req, _, _ in accepted],
-            ],
-        )
-        usage = [(req.usage, r, root) for req, r, root in accepted if req.usage is not None]
-        if usage:
-            con.execute(
-                _INSERT_USAGE,
-                [
-                    [r.id for _, r, _ in usage],
-                    [r.session_id for _, r, _ in usage],
-                    [root for _, _, root in usage],
-                    [u.provider for u, _, _ in usage],
-                    [u.model for u, _, _ in usage],
-                    [u.input for u, _, _ in usage],
-                    [u.output for u, _, _ in usage],
-                    [u.cache_read for u, _, _ in usage],
-                    [u.cache_write for u, _, _ in usage],
-                    [u.cost_usd for u, _, _ in usage],
-                    [u.cost_usd is not None for u, _, _ in usage],
-                    [u.latency_ms for u, _, _ in usage],
-                    [db_now] * len(usage),
-                ],
-            )
-        sessions = sorted(leaves)
-        if len(sessions) == 1:
-            con.execute(_UPDATE_ONE_LEAF, [sessions[0], leaves[sessions[0]].leaf, db_now])
-            return
-        con.execute(
-            _UPDATE_LEAVES,
-            [sessions, [leaves[s].leaf for s in sessions], [db_now] * len(sessions)],
-        )
+    def _try_ingest(self) -> bool:
+        """Move the committed rows into the tables in one transaction; False if that failed
+        (the rows stay in the log and in ``_unflushed``; ``_last_ingest_error`` says why)."""
+        if not self._unflushed:
+            return True
+        try:
+            con = self._connection()
+            if not self._unflushed:
+                return True  # reopening replayed them
+            con.begin()
+            try:
+                _write_rows(con, self._unflushed)
+                con.commit()
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.rollback()
+                raise
+        except (duckdb.Error, OSError, PrimeAgentError) as exc:
+            self._last_ingest_error = _one_line(exc)
+            self._recover()  # a reopen replays the log, which also settles the rows
+            return not self._unflushed
+        self._unflushed.clear()
+        self._unflushed_bytes = 0
+        self._set_pending(ingested=True)
+        assert self._log is not None
+        with contextlib.suppress(OSError):  # the lines are in the tables; a replay skips them
+            self._log.clear()
+        return True
+
+    def _set_pending(self, *, ingested: bool = False) -> None:
+        with self._stats_lock:
+            self._pending = len(self._unflushed)
+            self._ingests += ingested
 
     def _insert_session(
         self, con: duckdb.DuckDBPyConnection, record: SessionRecord
