@@ -58,6 +58,8 @@ EVENTS_TIMEOUT_S = 600.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.1
 KIB_PER_MIB = 1024
+# Issue 18 item 5: each further idle session costs the daemon at most this much (15 MB).
+IDLE_SESSION_TARGET_MIB = 15e6 / (1024 * 1024)
 
 SCRIPT = """
 repeat forever:
@@ -156,6 +158,7 @@ async def _sessions_and_events(
 ) -> dict[str, Any]:
     admin = await _client(socket)
     try:
+        before_kib = _rss_kib(daemon_pid)
         ids = []
         for i in range(sessions):
             created = await admin.call(
@@ -166,7 +169,12 @@ async def _sessions_and_events(
         async with asyncio.timeout(SANDBOXES_READY_TIMEOUT_S):
             while _kernels_under(daemon_pid) < sessions:
                 await asyncio.sleep(POLL_S)
-        idle = {"daemon_rss_kib": _rss_kib(daemon_pid), "tree_pss_kib": _tree_pss_kib(daemon_pid)}
+        rss_kib = _rss_kib(daemon_pid)
+        idle = {
+            "daemon_rss_kib": rss_kib,
+            "per_idle_session_kib": (rss_kib - before_kib) / sessions,
+            "tree_pss_kib": _tree_pss_kib(daemon_pid),
+        }
 
         clients = [await _client(socket) for _ in range(CLIENTS)]
         expected = sessions * prompts * EVENTS_PER_PROMPT
@@ -343,6 +351,14 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"daemon RSS with {sessions} idle sessions",
             "MiB",
             [load["daemon_rss_kib"] / KIB_PER_MIB],
+        )
+    )
+    rows.append(
+        row(
+            "  daemon RSS per further idle session",
+            "MiB",
+            [load["per_idle_session_kib"] / KIB_PER_MIB],
+            target=IDLE_SESSION_TARGET_MIB,
         )
     )
     rows.append(

@@ -176,7 +176,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             row("  model-call latency (client, litellm)", "ms", client),
             row("  loop overhead excluding litellm", "ms", no_litellm),
             row("  cell round trip (gateway + kernel)", "ms", cell),
-            row("  store appends (3 commits per step)", "ms", store),
+            row("  store appends (log commits of a step)", "ms", store),
             row("  the rest (context, shaping, loop)", "ms", rest),
         ],
         "notes": [

@@ -499,7 +499,15 @@ class DaemonHandler(CommandHandler):
         return rec
 
     async def _live(self, selector: str) -> LiveSession:
-        """The session, loaded (woken) from the store when this daemon has not loaded it."""
+        """The session, loaded (woken) from the store when this daemon has not loaded it.
+
+        A loaded session's exact id is answered from memory: an exact id wins outright in
+        ``find_session`` too, and the store read (plus the ingest it forces) was most of a
+        prompt's cost on the writer thread with many sessions busy.
+        """
+        live = self.daemon.orch.loaded(selector)
+        if live is not None:
+            return live
         return await self._wake(await self._record(selector))
 
     async def _wake(self, rec: SessionRecord) -> LiveSession:

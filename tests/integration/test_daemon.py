@@ -405,3 +405,31 @@ def test_print_mode_goes_through_a_running_daemon(daemon: int, model: FakeModelS
     listing = cli(["agents", "--json"])
     statuses = sorted(root["status"] for root in json.loads(listing.stdout))
     assert statuses == ["inactive", "inactive"]
+
+
+async def _live_lookups() -> None:
+    from orchestrator.sandbox.local import LocalBackend
+
+    paths = Paths.from_env()
+    async with await Store.open(paths.database_file) as store:
+        orch = Orchestrator(
+            store=store, backend=LocalBackend(pool_size=0), settings=Settings(), paths=paths
+        )
+        handler = DaemonHandler(cast(DaemonControl, _StubDaemon(store, orch)))
+        rec = SessionRecord(id=new_session_id(), root_id="", cwd="/", model="m", backend="local")
+        rec = SessionRecord(**{**rec.__dict__, "root_id": rec.id})
+        await store.create_session(rec)
+        loaded = cast(Any, object())  # stands in for the LiveSession this daemon holds
+        orch.sessions[rec.id] = loaded
+
+        before = store.statistics().calls
+        assert await handler._live(rec.id) is loaded
+        assert store.statistics().calls == before  # answered from memory, no store read
+        assert await handler._live(rec.id[:12]) is loaded  # a prefix still asks the store
+        assert store.statistics().calls == before + 1
+
+
+def test_a_loaded_sessions_exact_id_is_resolved_without_the_store() -> None:
+    """Every prompt names its session; with many sessions busy, that lookup (a read, and the
+    ingest of every committed row it forces) was most of a prompt's cost on the writer."""
+    asyncio.run(_live_lookups())
