@@ -75,7 +75,7 @@ class _Connection:
 
 
 class Response:
-    """A reply whose head was read; its body is read with ``read``, ``chunks`` or ``lines``.
+    """A reply whose head was read; its body is read with ``read`` or ``chunks``.
 
     Invariant: ``_connection`` is set until the body was read to its end or ``release`` ran;
     ``release`` puts it back in the pool only when ``_complete`` and ``_reusable``.
@@ -137,17 +137,6 @@ class Response:
 
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self.chunks()])
-
-    async def lines(self) -> AsyncIterator[str]:
-        """The body's lines (split on LF, a trailing CR dropped), decoded as UTF-8."""
-        rest = b""
-        async for piece in self.chunks():
-            rest += piece
-            *whole, rest = rest.split(b"\n")
-            for line in whole:
-                yield line.removesuffix(b"\r").decode("utf-8", "replace")
-        if rest:
-            yield rest.removesuffix(b"\r").decode("utf-8", "replace")
 
     def release(self) -> None:
         """Done with this reply: keep the connection if it can carry another, else close it."""

@@ -26,6 +26,7 @@ from orchestrator.models.openai_stream import OpenAIStream
 from orchestrator.models.registry import resolve_model
 from orchestrator.settings import Settings
 from orchestrator.testing import FakeModelServer
+from orchestrator.testing.fake_model import TEXT_DELTA_CHARS
 
 CLIENTS: Final = ("auto", "litellm")
 RETRIES: Final = 2
@@ -231,3 +232,35 @@ async def test_litellm_runs_no_success_logging_after_a_call(
     await asyncio.gather(*started, return_exceptions=True)
     assert seen.result["text"] == "logged?"
     assert ran == []
+
+
+async def test_a_streamed_reply_arms_the_same_timers_whatever_its_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lean client's per-piece cost holds no timer: a call on a kept connection arms two
+    (the wait for the reply's head, and the stream's one idle timer), for 5 deltas as for 400.
+    A timeout per line or per piece would arm one each (docs/benchmarks.md, "Where a step's
+    host CPU goes")."""
+    settings = _settings("auto")
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    short, long = "text: " + "w" * 5 * TEXT_DELTA_CHARS, "text: " + "w" * 400 * TEXT_DELTA_CHARS
+    with FakeModelServer(f"text: warm\n---\n{short}\n---\n{long}") as srv:
+        stream = OpenAIStream(
+            resolve_model("openai/fake", settings, api_base=srv.url, env={}), settings
+        )
+        await stream.attempt(MESSAGES, None, None, None)  # opens the kept connection
+        monkeypatch.setattr(loop, "call_at", counting)
+        counts = []
+        for _ in range(2):
+            armed.clear()
+            reply = await stream.attempt(MESSAGES, None, None, None)
+            assert reply.finish_reason == "stop"
+            counts.append(len(armed))
+    assert counts == [2, 2]

@@ -107,10 +107,15 @@ async def test_a_sized_reply_is_read_and_its_connection_kept(serve: Callable[...
     assert request.endswith(b'\r\n\r\n{"q": 1}')
 
 
-async def test_chunked_lines_arrive_split_across_chunks(serve: Callable[..., object]) -> None:
-    server = await serve(_chunked(b"data: one\r\nda", b"ta: two\n", b"tail"))  # type: ignore[misc]
+async def test_a_chunked_body_is_joined_across_chunks(serve: Callable[..., object]) -> None:
+    server = await serve(  # type: ignore[misc]
+        _chunked(b"data: one\r\nda", b"ta: two\n", b"tail"), _sized(b"again")
+    )
     response = await http1.pool().post(server.url, b"{}", {})
-    assert [line async for line in response.lines()] == ["data: one", "data: two", "tail"]
+    assert await response.read() == b"data: one\r\ndata: two\ntail"
+    again = await http1.pool().post(server.url, b"{}", {})
+    assert await again.read() == b"again"
+    assert [s.connection for s in server.seen] == [1, 1]  # read to its end: kept
 
 
 async def test_a_reply_that_asks_to_close_is_not_reused(serve: Callable[..., object]) -> None:
