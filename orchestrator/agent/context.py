@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
 from orchestrator.agent.fenced import render_fenced_result
+from orchestrator.models.message_json import EncodedMessage
 from orchestrator.store.events import (
     AssistantMessagePayload,
     CompactionPayload,
@@ -247,7 +248,7 @@ class ContextBuilder:
 
     def _push(self, message: dict[str, Any], entry: ContextEntry) -> None:
         entry.tokens = _message_tokens(message)
-        self.messages.append(message)
+        self.messages.append(EncodedMessage(message))  # encoded once, not at every call
         self.entries.append(entry)
 
     def _push_summary(self, compaction: CompactionPayload) -> None:

@@ -164,7 +164,9 @@ class LitellmStream:
     ) -> ModelReply:
         kwargs: dict[str, Any] = {
             "model": self.model.litellm_model,
-            "messages": messages,
+            # Copies: litellm may edit them, and the context's messages are EncodedMessages
+            # that refuse edits (message_json.py).
+            "messages": [dict(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": self.model.max_output_tokens,
@@ -228,7 +230,11 @@ class LitellmStream:
         if usage_obj is None:
             # The server sent no usage (some OpenAI-compatible servers ignore include_usage):
             # count locally with litellm's offline tokenizer rather than record nothing.
-            prompt = int(litellm.token_counter(model=self.model.litellm_model, messages=messages))
+            prompt = int(
+                litellm.token_counter(
+                    model=self.model.litellm_model, messages=[dict(m) for m in messages]
+                )
+            )
             completion = joined + "".join(c.arguments for c in tool_calls)
             output = int(litellm.token_counter(model=self.model.litellm_model, text=completion))
             usage = usage_record(

@@ -24,6 +24,7 @@ from typing import Any, Final
 from orchestrator.models import http1
 from orchestrator.models.cost import usage_record
 from orchestrator.models.idle_timeout import IdleTimeout
+from orchestrator.models.message_json import messages_json
 from orchestrator.models.registry import OPENAI_COMPATIBLE_PROVIDERS, ResolvedModel
 from orchestrator.models.reply import (
     AttemptFailed,
@@ -138,19 +139,21 @@ class OpenAIStream:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    ) -> bytes:
+        """The request as JSON; the messages last, joined from what each already encoded
+        (message_json.py: the context's messages are not encoded again at every call)."""
+        fields: dict[str, Any] = {
             "model": wire_model_name(self.model),
-            "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": self.model.max_output_tokens,
         }
         if tools:
-            body["tools"] = tools
+            fields["tools"] = tools
         if temperature is not None:
-            body["temperature"] = temperature
-        return body
+            fields["temperature"] = temperature
+        head = json.dumps(fields)  # "{...}": the messages go in before its closing brace
+        return messages_json(messages, before=f'{head[:-1]}, "messages": ', after="}").encode()
 
     async def attempt(
         self,
@@ -160,7 +163,7 @@ class OpenAIStream:
         on_delta: Callable[[str], None] | None,
     ) -> ModelReply:
         idle = self.settings.model_stream_idle_timeout_s
-        payload = json.dumps(self.body(messages, tools, temperature)).encode()
+        payload = self.body(messages, tools, temperature)
         streaming = False
         try:
             async with asyncio.timeout(idle):
@@ -231,7 +234,8 @@ class OpenAIStream:
 
         litellm = await ensure_litellm()
         name = self.model.litellm_model
-        prompt = int(litellm.token_counter(model=name, messages=messages))
+        plain = [dict(m) for m in messages]  # litellm may edit what it is given
+        prompt = int(litellm.token_counter(model=name, messages=plain))
         completion = text + "".join(c.arguments for c in tool_calls)
         output = int(litellm.token_counter(model=name, text=completion))
         return usage_record(self.model, prompt=prompt, output=output, cache_read=0, cache_write=0)
