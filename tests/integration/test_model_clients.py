@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -264,3 +265,26 @@ async def test_a_streamed_reply_arms_the_same_timers_whatever_its_length(
             assert reply.finish_reason == "stop"
             counts.append(len(armed))
     assert counts == [2, 2]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_the_price_map_is_read_off_the_event_loop(
+    client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call's cost reads litellm's price map (tens of ms): on a thread, never on the
+    loop that a daemon's sessions share (docs/benchmarks.md, "Where a step's host CPU goes")."""
+    from orchestrator.models import cost, price_map
+
+    readers: list[int] = []
+    find = price_map.price_map_path
+
+    def recording() -> Any:
+        readers.append(threading.get_ident())
+        return find()
+
+    for cached in (price_map._table, price_map.model_entry, cost._mapped_prices):
+        cached.cache_clear()
+    monkeypatch.setattr(price_map, "price_map_path", recording)
+    seen = await _call("text: priced", client, model=PRICED_MODEL)
+    assert seen.result["usage"]["cost_usd"] is not None
+    assert len(readers) == 1 and readers[0] != threading.get_ident()
