@@ -175,7 +175,7 @@ class AgentLoop:
 
     async def _append(self, type_: str, payload: Any) -> Any:
         rec = await self.record(type_, payload)
-        self.context.add(type_, payload.model_dump(mode="json"), event_id=getattr(rec, "id", None))
+        self.context.add(type_, payload, event_id=getattr(rec, "id", None))
         return rec
 
     @property
