@@ -24,9 +24,12 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from orchestrator.agent.fenced import render_fenced_result
+from orchestrator.models.message_json import EncodedMessage
 from orchestrator.store.events import (
     AssistantMessagePayload,
     CompactionPayload,
@@ -91,6 +94,21 @@ class ContextEntry:
     calls: tuple[str, ...] = ()  # ids of the tool calls this assistant message made
     answers: str | None = None  # the tool call id this tool result answers
     user: bool = False  # a user message (a turn's start, a steer, a harness note)
+
+
+_DICT_READ_TYPES: Final = frozenset({"branch_summary", "model_change", "compaction"})
+
+
+_P = TypeVar("_P", bound=BaseModel)
+
+
+def _payload(cls: type[_P], payload: dict[str, Any] | BaseModel) -> _P:
+    """``payload`` as a ``cls``: the live model as it is, else validated (a stored dict)."""
+    if isinstance(payload, cls):
+        return payload
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json")
+    return cls.model_validate(payload)
 
 
 def estimate_tokens(text: str) -> int:
@@ -173,30 +191,34 @@ class ContextBuilder:
     def add(
         self,
         type_: str,
-        payload: dict[str, Any],
+        payload: dict[str, Any] | BaseModel,
         *,
         event_id: str | None = None,
         counts: bool = True,
     ) -> None:
+        """Take one event: its payload as stored (a dict), or the payload model a live session
+        just recorded (used as it is: dumping it to add it here validated it a second time
+        at every step, and most event types are not in the context at all)."""
         if type_ == "user_message":
-            self._user(UserMessagePayload.model_validate(payload), event_id, "message")
+            self._user(_payload(UserMessagePayload, payload), event_id, "message")
         elif type_ == "assistant_message":
-            self._assistant(AssistantMessagePayload.model_validate(payload), event_id, counts)
+            self._assistant(_payload(AssistantMessagePayload, payload), event_id, counts)
         elif type_ == "tool_result":
-            res = ToolResultPayload.model_validate(payload)
+            res = _payload(ToolResultPayload, payload)
             if res.tool_call_id in self._fenced_calls:
                 message = {"role": "user", "content": render_fenced_result(res.text)}
             else:
                 message = {"role": "tool", "tool_call_id": res.tool_call_id, "content": res.text}
             self._push(message, ContextEntry(event_id, "message", 0, answers=res.tool_call_id))
-        elif type_ == "branch_summary":
-            text = f"{BRANCH_SUMMARY_PREFIX}\n{payload.get('summary', '')}"
-            self._push({"role": "user", "content": text}, ContextEntry(event_id, "message", 0))
-        elif type_ == "model_change":
-            self.model = str(payload.get("model") or "") or self.model
-        elif type_ == "compaction":
-            # A live compaction is applied with ``apply_compaction``; this only keeps the model.
-            self.model = payload.get("model") or self.model
+        elif type_ in _DICT_READ_TYPES:
+            fields = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else payload
+            if type_ == "branch_summary":
+                text = f"{BRANCH_SUMMARY_PREFIX}\n{fields.get('summary', '')}"
+                self._push({"role": "user", "content": text}, ContextEntry(event_id, "message", 0))
+            elif type_ == "model_change":
+                self.model = str(fields.get("model") or "") or self.model
+            else:  # a live compaction is applied with ``apply_compaction``: only the model
+                self.model = fields.get("model") or self.model
 
     def apply_compaction(
         self,
@@ -247,7 +269,7 @@ class ContextBuilder:
 
     def _push(self, message: dict[str, Any], entry: ContextEntry) -> None:
         entry.tokens = _message_tokens(message)
-        self.messages.append(message)
+        self.messages.append(EncodedMessage(message))  # encoded once, not at every call
         self.entries.append(entry)
 
     def _push_summary(self, compaction: CompactionPayload) -> None:

@@ -73,6 +73,9 @@ STUCK_ERROR_KIND = "stuck"
 # An empty reply (no text, no tool call) is asked for again this many times, then it is an
 # error (``EmptyReply``): never a completed answer.
 EMPTY_REPLY_RETRIES = 1
+# The tool schema as the model is sent it: counted in every prompt's size (``_fixed_tokens``),
+# encoded once here rather than at every step.
+TOOL_SCHEMA_JSON = json.dumps(IPYTHON_TOOL)
 EMPTY_REPLY_REASON = "the model sent an empty reply (no text, no tool call)"
 
 
@@ -175,7 +178,7 @@ class AgentLoop:
 
     async def _append(self, type_: str, payload: Any) -> Any:
         rec = await self.record(type_, payload)
-        self.context.add(type_, payload.model_dump(mode="json"), event_id=getattr(rec, "id", None))
+        self.context.add(type_, payload, event_id=getattr(rec, "id", None))
         return rec
 
     @property
@@ -185,7 +188,7 @@ class AgentLoop:
 
     def _fixed_tokens(self) -> int:
         """System prompt and tool schema: sent with every call, counted in every prompt."""
-        tools = "" if self._fenced else json.dumps(IPYTHON_TOOL)
+        tools = "" if self._fenced else TOOL_SCHEMA_JSON
         return estimate_tokens(self.system_prompt) + estimate_tokens(tools)
 
     async def _context_window(self) -> int:

@@ -27,6 +27,7 @@ from orchestrator.errors import (
     ModelUnreachable,
     ProviderError,
 )
+from orchestrator.models.cost import lookup_prices
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.models.reply import RETRYABLE, AttemptFailed, ModelReply, RetryInfo
 from orchestrator.settings import Settings
@@ -64,6 +65,15 @@ class ModelClient:
         self.settings = settings
         self.transport = transport_for(model, settings)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self._prices_looked_up = False
+
+    async def _look_up_prices(self) -> None:
+        """A reply's cost needs the model's prices, and the first look reads litellm's price
+        map (~30-70 ms, once per process: models/price_map.py). Done on a thread before the
+        first call, so it never stalls the event loop every session of a daemon shares."""
+        if not self._prices_looked_up:
+            await asyncio.to_thread(lookup_prices, self.model)
+            self._prices_looked_up = True
 
     async def complete(
         self,
@@ -74,6 +84,7 @@ class ModelClient:
         on_delta: Callable[[str], None] | None = None,
         on_retry: Callable[[RetryInfo], Awaitable[None]] | None = None,
     ) -> ModelReply:
+        await self._look_up_prices()
         attempts = self.settings.model_max_retries + 1
         connection_failures = 0
         last: AttemptFailed | None = None

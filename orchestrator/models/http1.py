@@ -75,7 +75,7 @@ class _Connection:
 
 
 class Response:
-    """A reply whose head was read; its body is read with ``read``, ``chunks`` or ``lines``.
+    """A reply whose head was read; its body is read with ``read`` or ``chunks``.
 
     Invariant: ``_connection`` is set until the body was read to its end or ``release`` ran;
     ``release`` puts it back in the pool only when ``_complete`` and ``_reusable``.
@@ -117,8 +117,15 @@ class Response:
         reader = connection.reader
         try:
             if self._chunked:
-                async for piece in _chunked(reader):
-                    yield piece
+                body = _ChunkedBody()
+                while not body.done:
+                    data = await reader.read(READ_SIZE)
+                    if not data:
+                        raise HttpFailure("receive", "the reply broke off: the connection closed")
+                    if piece := body.feed(data):
+                        yield piece
+                if body.extra:
+                    self._reusable = False  # more than this reply came: not ours to guess
             elif self._length is not None:
                 remaining = self._length
                 while remaining:
@@ -138,17 +145,6 @@ class Response:
     async def read(self) -> bytes:
         return b"".join([piece async for piece in self.chunks()])
 
-    async def lines(self) -> AsyncIterator[str]:
-        """The body's lines (split on LF, a trailing CR dropped), decoded as UTF-8."""
-        rest = b""
-        async for piece in self.chunks():
-            rest += piece
-            *whole, rest = rest.split(b"\n")
-            for line in whole:
-                yield line.removesuffix(b"\r").decode("utf-8", "replace")
-        if rest:
-            yield rest.removesuffix(b"\r").decode("utf-8", "replace")
-
     def release(self) -> None:
         """Done with this reply: keep the connection if it can carry another, else close it."""
         connection, self._connection = self._connection, None
@@ -160,21 +156,62 @@ class Response:
             connection.close()
 
 
-async def _chunked(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
-    while True:
-        size_line = await reader.readuntil(CRLF)
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise HttpFailure("receive", "the server sent a bad chunk size") from None
-        if size == 0:
-            while await reader.readuntil(CRLF) != CRLF:  # trailers, then the blank line
-                pass
-            return
-        data = await reader.readexactly(size)
-        if await reader.readexactly(len(CRLF)) != CRLF:
-            raise HttpFailure("receive", "the server sent a chunk without its CRLF")
-        yield data
+class _ChunkedBody:
+    """Chunked transfer decoding of whatever the socket delivered, however it is cut.
+
+    A streamed reply is one chunk per SSE event; reading each chunk's size line, its data and
+    its CRLF as three awaits on the stream cost more of the event loop than the rest of the
+    reply's handling (docs/benchmarks.md, "Where a step's host CPU goes"). Here one read takes
+    every chunk that arrived, and what ends inside a chunk waits for the next read.
+    """
+
+    __slots__ = ("_buffer", "_left", "_state", "done", "extra")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._state: Literal["size", "data", "data_end", "trailer"] = "size"
+        self._left = 0  # bytes of the current chunk's data still to come
+        self.done = False  # the last chunk and the trailers' blank line came
+        self.extra = False  # bytes came after the end (the connection cannot be reused)
+
+    def feed(self, data: bytes) -> bytes:
+        """The body bytes ``data`` completes; raises ``HttpFailure`` on bad framing."""
+        buf = self._buffer + data if self._buffer else data
+        out: list[bytes] = []
+        pos, end = 0, len(buf)
+        while pos < end and not self.done:
+            if self._state == "data":
+                take = min(self._left, end - pos)
+                out.append(buf[pos : pos + take])
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._state = "data_end"
+            elif self._state == "data_end":
+                if end - pos < len(CRLF):
+                    break
+                if buf[pos : pos + len(CRLF)] != CRLF:
+                    raise HttpFailure("receive", "the server sent a chunk without its CRLF")
+                pos += len(CRLF)
+                self._state = "size"
+            else:
+                line_end = buf.find(CRLF, pos)
+                if line_end < 0:
+                    if end - pos > HEAD_LIMIT:
+                        raise HttpFailure("receive", "the server sent a chunk line too long")
+                    break
+                line, pos = buf[pos:line_end], line_end + len(CRLF)
+                if self._state == "trailer":
+                    self.done = not line  # trailers end with a blank line
+                    continue
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise HttpFailure("receive", "the server sent a bad chunk size") from None
+                self._state, self._left = ("data", size) if size else ("trailer", 0)
+        self._buffer = buf[pos:]
+        self.extra = self.done and bool(self._buffer)
+        return b"".join(out)
 
 
 def _describe(exc: BaseException) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from orchestrator.models.cost import usage_record
+from orchestrator.models.idle_timeout import IdleTimeout
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.models.reply import (
@@ -164,7 +165,9 @@ class LitellmStream:
     ) -> ModelReply:
         kwargs: dict[str, Any] = {
             "model": self.model.litellm_model,
-            "messages": messages,
+            # Copies: litellm may edit them, and the context's messages are EncodedMessages
+            # that refuse edits (message_json.py).
+            "messages": [dict(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": self.model.max_output_tokens,
@@ -188,39 +191,35 @@ class LitellmStream:
         calls: dict[int, ToolCallParts] = {}
         finish: str | None = None
         usage_obj: Any = None
-        iterator = stream.__aiter__()
-        while True:
-            try:
-                async with asyncio.timeout(idle):
-                    chunk = await iterator.__anext__()
-            except StopAsyncIteration:
-                break
-            usage = getattr(chunk, "usage", None)
-            if usage is not None:
-                usage_obj = usage
-            for choice in getattr(chunk, "choices", None) or []:
-                delta = getattr(choice, "delta", None)
-                if delta is not None:
-                    piece = getattr(delta, "content", None)
-                    if piece:
-                        text.append(piece)
-                        if on_delta is not None:
-                            on_delta(piece)
-                    for tc in getattr(delta, "tool_calls", None) or []:
-                        index = getattr(tc, "index", None)
-                        parts = calls.setdefault(
-                            index if isinstance(index, int) else 0, ToolCallParts()
-                        )
-                        if getattr(tc, "id", None):
-                            parts.id = tc.id
-                        fn = getattr(tc, "function", None)
-                        if fn is not None:
-                            if getattr(fn, "name", None):
-                                parts.name = fn.name
-                            if getattr(fn, "arguments", None):
-                                parts.arguments.append(fn.arguments)
-                if getattr(choice, "finish_reason", None):
-                    finish = str(choice.finish_reason)
+        async with IdleTimeout(idle) as quiet:  # each chunk within idle of the one before
+            async for chunk in stream:
+                quiet.touch()
+                usage = getattr(chunk, "usage", None)
+                if usage is not None:
+                    usage_obj = usage
+                for choice in getattr(chunk, "choices", None) or []:
+                    delta = getattr(choice, "delta", None)
+                    if delta is not None:
+                        piece = getattr(delta, "content", None)
+                        if piece:
+                            text.append(piece)
+                            if on_delta is not None:
+                                on_delta(piece)
+                        for tc in getattr(delta, "tool_calls", None) or []:
+                            index = getattr(tc, "index", None)
+                            parts = calls.setdefault(
+                                index if isinstance(index, int) else 0, ToolCallParts()
+                            )
+                            if getattr(tc, "id", None):
+                                parts.id = tc.id
+                            fn = getattr(tc, "function", None)
+                            if fn is not None:
+                                if getattr(fn, "name", None):
+                                    parts.name = fn.name
+                                if getattr(fn, "arguments", None):
+                                    parts.arguments.append(fn.arguments)
+                    if getattr(choice, "finish_reason", None):
+                        finish = str(choice.finish_reason)
         if finish is None:
             raise _StreamCut()
         joined = "".join(text)
@@ -228,7 +227,11 @@ class LitellmStream:
         if usage_obj is None:
             # The server sent no usage (some OpenAI-compatible servers ignore include_usage):
             # count locally with litellm's offline tokenizer rather than record nothing.
-            prompt = int(litellm.token_counter(model=self.model.litellm_model, messages=messages))
+            prompt = int(
+                litellm.token_counter(
+                    model=self.model.litellm_model, messages=[dict(m) for m in messages]
+                )
+            )
             completion = joined + "".join(c.arguments for c in tool_calls)
             output = int(litellm.token_counter(model=self.model.litellm_model, text=completion))
             usage = usage_record(

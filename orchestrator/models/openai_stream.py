@@ -4,9 +4,10 @@ The embedded model, vLLM, llama.cpp, Ollama's ``/v1`` and any ``openai/NAME --ap
 speak the same chat-completions protocol, and litellm adds ~10 ms of client work per call (its
 cost calculator and logging callbacks that walk the whole history after every call) plus
 seconds and ~200 MB to import. This transport posts the request with http1.py, reads the SSE
-stream line by line, and turns every failure into the same ``AttemptFailed`` kinds that
-litellm_stream.py derives from litellm's exceptions, so retries, usage and cost are the same
-whichever transport a session uses (tests/integration/test_model_clients.py runs both against
+stream a network piece at a time (sse.py, under one idle timer per stream: idle_timeout.py),
+and turns every failure into the same ``AttemptFailed`` kinds that litellm_stream.py derives
+from litellm's exceptions, so retries, usage and cost are the same whichever transport a
+session uses (tests/integration/test_model_clients.py runs both against
 the scripted model).
 
 Connections are kept alive in one pool per event loop (``close_pools`` closes the pool of the
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 from orchestrator.models import http1
 from orchestrator.models.cost import usage_record
+from orchestrator.models.idle_timeout import IdleTimeout
+from orchestrator.models.message_json import messages_json
 from orchestrator.models.registry import OPENAI_COMPATIBLE_PROVIDERS, ResolvedModel
 from orchestrator.models.reply import (
     AttemptFailed,
@@ -31,6 +34,7 @@ from orchestrator.models.reply import (
     joined_calls,
     retry_after_s,
 )
+from orchestrator.models.sse import SseData
 from orchestrator.settings import Settings
 
 __all__ = ["OpenAIStream", "close_pools", "wire_model_name"]
@@ -43,7 +47,6 @@ HTTP_NOT_FOUND: Final = 404
 HTTP_PAYLOAD_TOO_LARGE: Final = 413
 HTTP_TOO_MANY_REQUESTS: Final = 429
 HTTP_SERVER_ERROR: Final = 500
-SSE_DATA: Final = "data:"
 SSE_DONE: Final = "[DONE]"
 CHAT_PATH: Final = "/chat/completions"
 # What servers say when the prompt does not fit (OpenAI, vLLM, llama.cpp, Ollama).
@@ -124,18 +127,6 @@ def _transport_failure(exc: http1.HttpFailure, streaming: bool) -> AttemptFailed
     return AttemptFailed("connection", f"connection failed: {exc}")
 
 
-async def _lines(response: http1.Response, idle_s: float) -> AsyncIterator[str]:
-    """The stream's lines, each within ``idle_s`` of the one before."""
-    iterator = response.lines().__aiter__()
-    while True:
-        try:
-            async with asyncio.timeout(idle_s):
-                line = await iterator.__anext__()
-        except StopAsyncIteration:
-            return
-        yield line
-
-
 class OpenAIStream:
     def __init__(self, model: ResolvedModel, settings: Settings) -> None:
         self.model = model
@@ -148,19 +139,21 @@ class OpenAIStream:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-    ) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    ) -> bytes:
+        """The request as JSON; the messages last, joined from what each already encoded
+        (message_json.py: the context's messages are not encoded again at every call)."""
+        fields: dict[str, Any] = {
             "model": wire_model_name(self.model),
-            "messages": messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": self.model.max_output_tokens,
         }
         if tools:
-            body["tools"] = tools
+            fields["tools"] = tools
         if temperature is not None:
-            body["temperature"] = temperature
-        return body
+            fields["temperature"] = temperature
+        head = json.dumps(fields)  # "{...}": the messages go in before its closing brace
+        return messages_json(messages, before=f'{head[:-1]}, "messages": ', after="}").encode()
 
     async def attempt(
         self,
@@ -170,7 +163,7 @@ class OpenAIStream:
         on_delta: Callable[[str], None] | None,
     ) -> ModelReply:
         idle = self.settings.model_stream_idle_timeout_s
-        payload = json.dumps(self.body(messages, tools, temperature)).encode()
+        payload = self.body(messages, tools, temperature)
         streaming = False
         try:
             async with asyncio.timeout(idle):
@@ -196,32 +189,20 @@ class OpenAIStream:
         on_delta: Callable[[str], None] | None,
         idle_s: float,
     ) -> ModelReply:
-        text: list[str] = []
-        calls: dict[int, ToolCallParts] = {}
-        finish: str | None = None
-        usage: dict[str, Any] | None = None
-        done = False  # after [DONE] the body's end is still read: the connection is reused
+        reply = _StreamedReply(on_delta)
+        sse = SseData()
         try:
-            async for line in _lines(response, idle_s):
-                if done or not line.startswith(SSE_DATA):
-                    continue  # blank separators, ": keep-alive" comments, event: lines
-                data = line[len(SSE_DATA) :].strip()
-                if data == SSE_DONE:
-                    done = True
-                    continue
-                chunk = _parse_chunk(data)
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    if isinstance(choice, dict):
-                        piece = _add_choice(choice, text, calls)
-                        if piece and on_delta is not None:
-                            on_delta(piece)
-                        if choice.get("finish_reason"):
-                            finish = str(choice["finish_reason"])
+            async with IdleTimeout(idle_s) as idle:  # each piece within idle_s of the last
+                async for piece in response.chunks():
+                    idle.touch()
+                    for data in sse.feed(piece):
+                        reply.take(data)
+            for data in sse.end():
+                reply.take(data)
         except (TimeoutError, http1.HttpFailure):
-            if not done:
+            if not reply.done:
                 raise  # a server that holds the connection open after [DONE] costs nothing
+        finish, usage, text, calls = reply.finish, reply.usage, reply.text, reply.calls
         if finish is None:
             raise AttemptFailed("stream_cut", "stream ended before the reply was complete")
         joined = "".join(text)
@@ -253,10 +234,43 @@ class OpenAIStream:
 
         litellm = await ensure_litellm()
         name = self.model.litellm_model
-        prompt = int(litellm.token_counter(model=name, messages=messages))
+        plain = [dict(m) for m in messages]  # litellm may edit what it is given
+        prompt = int(litellm.token_counter(model=name, messages=plain))
         completion = text + "".join(c.arguments for c in tool_calls)
         output = int(litellm.token_counter(model=name, text=completion))
         return usage_record(self.model, prompt=prompt, output=output, cache_read=0, cache_write=0)
+
+
+class _StreamedReply:
+    """What the stream's payloads said so far; ``done`` once ``[DONE]`` came (what follows it is
+    read, so the connection can be reused, but not taken)."""
+
+    __slots__ = ("calls", "done", "finish", "on_delta", "text", "usage")
+
+    def __init__(self, on_delta: Callable[[str], None] | None) -> None:
+        self.on_delta = on_delta
+        self.text: list[str] = []
+        self.calls: dict[int, ToolCallParts] = {}
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+
+    def take(self, data: str) -> None:
+        if self.done:
+            return
+        if data == SSE_DONE:
+            self.done = True
+            return
+        chunk = _parse_chunk(data)
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if isinstance(choice, dict):
+                piece = _add_choice(choice, self.text, self.calls)
+                if piece and self.on_delta is not None:
+                    self.on_delta(piece)
+                if choice.get("finish_reason"):
+                    self.finish = str(choice["finish_reason"])
 
 
 def _parse_chunk(data: str) -> dict[str, Any]:

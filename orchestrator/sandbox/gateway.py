@@ -70,6 +70,9 @@ IS_ALIVE_TIMEOUT_S = 2.0  # a liveness probe that takes longer is a no
 # and its "dropped" note, to the next cell).
 IDLE_AFTER_REPLY_S = 1.0
 IDLE_AFTER_REPLY_CONNECTED_S = 30.0
+# A request's time limit is one timer, armed again only when the limit comes earlier by more
+# than this (after the reply it is recomputed from two clocks at every message, with jitter).
+WAIT_TIMER_SLACK_S = 0.01
 KERNEL_READY_TIMEOUT_S = 60.0
 # After a timed-out cell was interrupted, the kernel kills the copies of itself the cell forked
 # (they ignore or outlive the interrupt). The window reaches this far before the cell's start
@@ -408,35 +411,53 @@ class KernelGatewayClient:
     # --- requests -------------------------------------------------------------------------
 
     async def _wait(self, pending: _Pending, deadline: float) -> _Outcome:
+        """Until ``pending`` is done, its kernel is gone or its time is up. Each of a cell's
+        messages wakes this, and so does one timer at the time limit, armed again only when
+        the limit comes earlier or has passed: an ``asyncio.timeout`` per message cost the
+        shared event loop a timer per message (docs/benchmarks.md, "Where a step's host CPU
+        goes"). A timer that fires early (the limit moved later) only makes this look again."""
         loop = asyncio.get_running_loop()
-        while True:
-            if pending.gone is not None:
-                return "gone"
-            if pending.done:
-                return "done"
-            if self._disconnected.is_set():
-                self._note_dropped_message(pending)
-                pending.reconnected = True
-                await self._reconnect()
-                continue
-            until = deadline
-            if pending.reply is not None and pending.collector is not None:
-                # Reply is in; give the idle status a while, not the whole cell timeout.
-                grace = IDLE_AFTER_REPLY_S if pending.reconnected else IDLE_AFTER_REPLY_CONNECTED_S
-                until = min(deadline, loop.time() + grace - _since(pending.reply_at))
-            remaining = until - loop.time()
-            if remaining <= 0:
-                if pending.reply is None or pending.collector is None:
-                    return "timeout"  # (a readiness probe without its idle is not ready)
-                # The idle never came. One reason: a frame over max_size made our side fail
-                # the socket while the gateway was still pushing that frame; the rest of this
-                # cell's output was lost with it.
-                self._note_dropped_message(pending)
-                return "done"
-            pending.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await pending.wake.wait()
+        timer: asyncio.TimerHandle | None = None
+        try:
+            while True:
+                if pending.gone is not None:
+                    return "gone"
+                if pending.done:
+                    return "done"
+                if self._disconnected.is_set():
+                    self._note_dropped_message(pending)
+                    pending.reconnected = True
+                    await self._reconnect()
+                    continue
+                until = deadline
+                if pending.reply is not None and pending.collector is not None:
+                    # Reply is in; give the idle status a while, not the whole cell timeout.
+                    grace = (
+                        IDLE_AFTER_REPLY_S if pending.reconnected else IDLE_AFTER_REPLY_CONNECTED_S
+                    )
+                    until = min(deadline, loop.time() + grace - _since(pending.reply_at))
+                remaining = until - loop.time()
+                if remaining <= 0:
+                    if pending.reply is None or pending.collector is None:
+                        return "timeout"  # (a readiness probe without its idle is not ready)
+                    # The idle never came. One reason: a frame over max_size made our side fail
+                    # the socket while the gateway was still pushing that frame; the rest of this
+                    # cell's output was lost with it.
+                    self._note_dropped_message(pending)
+                    return "done"
+                if (
+                    timer is None
+                    or loop.time() >= timer.when()
+                    or until < timer.when() - WAIT_TIMER_SLACK_S
+                ):
+                    if timer is not None:
+                        timer.cancel()
+                    timer = loop.call_at(until, pending.wake.set)  # the limit wakes it too
+                pending.wake.clear()
+                await pending.wake.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _note_dropped_message(self, pending: _Pending) -> None:
         code = self._close_code if pending.msg_id in self._dropped_for else None

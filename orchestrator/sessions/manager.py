@@ -764,7 +764,7 @@ class Orchestrator:
         while live.notes:
             note = live.notes.pop(0)
             rec = await self.record(live, "user_message", note)
-            live.loop.context.add("user_message", note.model_dump(mode="json"), event_id=rec.id)
+            live.loop.context.add("user_message", note, event_id=rec.id)
 
     # -- state changes: each one checked by store/lifecycle.py and announced ---------------------
 

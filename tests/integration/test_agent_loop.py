@@ -4,11 +4,13 @@ a real DuckDB file: retries, faults, bad tool input, cell timeouts, bounded outp
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.agent.prompts import IPYTHON_TOOL
 from orchestrator.models.registry import resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sessions.runner import RunOptions, RunResult, run_session
@@ -227,3 +229,31 @@ async def test_cancel_records_the_abort_and_leaves_a_result_for_the_open_call() 
     assert sessions[-1].status == "aborted"
     aborted_result = next(e.payload for e in events if e.type == "tool_result")
     assert aborted_result["status"] == "aborted"
+
+
+async def test_each_message_is_encoded_once_however_many_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Per step the loop encodes only what is new: each context message once (when it is
+    added), the system prompt once per call, the tool schema never (it is a constant). Work
+    per step that grows with the history would show here as more encodes (docs/benchmarks.md,
+    "Where a step's host CPU goes")."""
+    steps = 3
+    encoded: list[str] = []
+    dumps = json.dumps
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> str:
+        if obj is IPYTHON_TOOL:
+            encoded.append("tool schema")
+        elif isinstance(obj, dict) and "role" in obj:
+            encoded.append(str(obj["role"]))
+        return dumps(obj, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counting)
+    script = "\n---\n".join([f"code: print({k})" for k in range(steps)] + ["text: done"])
+    result, _, _ = await _run(script)
+    assert result.outcome.final_text == "done"
+    calls = steps + 1
+    assert sorted(encoded) == sorted(
+        ["user"] + ["assistant", "tool"] * steps + ["assistant"] + ["system"] * calls
+    )

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -225,6 +226,31 @@ async def test_oversized_single_message_is_dropped_with_a_note_on_its_own_cell(
     assert "was dropped" in result.notice
     follow = await run(shared, "print('still here')")
     assert follow.stdout == "still here\n" and not follow.notice
+
+
+async def test_a_cell_arms_the_same_timers_however_many_messages_it_sends(
+    shared: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for a cell arms its time limit once (and once more when the reply sets the idle
+    grace), not a timer per kernel message (gateway.py, ``_wait``; docs/benchmarks.md, "Where
+    a step's host CPU goes"): one output or forty, the same count."""
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    await run(shared, "from IPython.display import display")
+    monkeypatch.setattr(loop, "call_at", counting)
+    counts = []
+    for outputs in (1, 40):
+        armed.clear()
+        result = await run(shared, f"for i in range({outputs}):\n    display(i)")
+        assert result.status == "ok" and str(outputs - 1) in result.display
+        counts.append(len(armed))
+    assert counts[0] == counts[1]
 
 
 # --- timeouts, restarts, kernel death ------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,6 +27,7 @@ from orchestrator.models.openai_stream import OpenAIStream
 from orchestrator.models.registry import resolve_model
 from orchestrator.settings import Settings
 from orchestrator.testing import FakeModelServer
+from orchestrator.testing.fake_model import TEXT_DELTA_CHARS
 
 CLIENTS: Final = ("auto", "litellm")
 RETRIES: Final = 2
@@ -231,3 +233,58 @@ async def test_litellm_runs_no_success_logging_after_a_call(
     await asyncio.gather(*started, return_exceptions=True)
     assert seen.result["text"] == "logged?"
     assert ran == []
+
+
+async def test_a_streamed_reply_arms_the_same_timers_whatever_its_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lean client's per-piece cost holds no timer: a call on a kept connection arms two
+    (the wait for the reply's head, and the stream's one idle timer), for 5 deltas as for 400.
+    A timeout per line or per piece would arm one each (docs/benchmarks.md, "Where a step's
+    host CPU goes")."""
+    settings = _settings("auto")
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        armed.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    short, long = "text: " + "w" * 5 * TEXT_DELTA_CHARS, "text: " + "w" * 400 * TEXT_DELTA_CHARS
+    with FakeModelServer(f"text: warm\n---\n{short}\n---\n{long}") as srv:
+        stream = OpenAIStream(
+            resolve_model("openai/fake", settings, api_base=srv.url, env={}), settings
+        )
+        await stream.attempt(MESSAGES, None, None, None)  # opens the kept connection
+        monkeypatch.setattr(loop, "call_at", counting)
+        counts = []
+        for _ in range(2):
+            armed.clear()
+            reply = await stream.attempt(MESSAGES, None, None, None)
+            assert reply.finish_reason == "stop"
+            counts.append(len(armed))
+    assert counts == [2, 2]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_the_price_map_is_read_off_the_event_loop(
+    client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call's cost reads litellm's price map (tens of ms): on a thread, never on the
+    loop that a daemon's sessions share (docs/benchmarks.md, "Where a step's host CPU goes")."""
+    from orchestrator.models import cost, price_map
+
+    readers: list[int] = []
+    find = price_map.price_map_path
+
+    def recording() -> Any:
+        readers.append(threading.get_ident())
+        return find()
+
+    for cached in (price_map._table, price_map.model_entry, cost._mapped_prices):
+        cached.cache_clear()
+    monkeypatch.setattr(price_map, "price_map_path", recording)
+    seen = await _call("text: priced", client, model=PRICED_MODEL)
+    assert seen.result["usage"]["cost_usd"] is not None
+    assert len(readers) == 1 and readers[0] != threading.get_ident()

@@ -3,12 +3,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from orchestrator.agent.context import PARENT_TASK_PREFIX, ContextBuilder, safe_arguments
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 from orchestrator.agent.shaping import NO_OUTPUT, shape_cell_result
 from orchestrator.sandbox.base import CellError, CellResult
 from orchestrator.store.events import (
     AssistantMessagePayload,
+    ModelChangePayload,
     ToolCall,
     ToolResultPayload,
     UserMessagePayload,
@@ -105,3 +108,36 @@ def test_system_prompt_prefix_is_stable_and_fenced_variant_differs() -> None:
     env_at = native.index("# Environment")
     assert with_harness.startswith(native[:env_at])
     assert len(native) < 4000  # the reference's prompt is 19k characters
+
+
+def test_a_live_payload_is_taken_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent loop adds the payload model it just recorded: the context reads the same
+    messages as from the stored dicts, and validates and dumps nothing at each step (it used to
+    dump every event and validate it back: docs/benchmarks.md, "Where a step's host CPU
+    goes")."""
+    call = ToolCall(id="c1", name="ipython", arguments='{"code": "1+1"}')
+    events = [
+        ("user_message", UserMessagePayload(text="hi")),
+        ("assistant_message", AssistantMessagePayload(tool_calls=[call], provider="p", model="m")),
+        ("tool_result", ToolResultPayload(tool_call_id="c1", text="Out: 2")),
+        ("model_change", ModelChangePayload(model="p/n", previous="p/m")),
+    ]
+    stored = ContextBuilder()
+    for type_, payload in events:
+        _add(stored, type_, payload)
+    conversions: list[str] = []
+    for cls in (UserMessagePayload, AssistantMessagePayload, ToolResultPayload):
+        validate, dump = cls.model_validate, cls.model_dump
+        monkeypatch.setattr(
+            cls,
+            "model_validate",
+            lambda *a, _f=validate, **k: conversions.append("validate") or _f(*a, **k),
+        )
+        monkeypatch.setattr(
+            cls, "model_dump", lambda *a, _f=dump, **k: conversions.append("dump") or _f(*a, **k)
+        )
+    live = ContextBuilder()
+    for type_, payload in events:
+        live.add(type_, payload)
+    assert conversions == []
+    assert live.messages == stored.messages and live.model == stored.model == "p/n"

@@ -107,10 +107,15 @@ async def test_a_sized_reply_is_read_and_its_connection_kept(serve: Callable[...
     assert request.endswith(b'\r\n\r\n{"q": 1}')
 
 
-async def test_chunked_lines_arrive_split_across_chunks(serve: Callable[..., object]) -> None:
-    server = await serve(_chunked(b"data: one\r\nda", b"ta: two\n", b"tail"))  # type: ignore[misc]
+async def test_a_chunked_body_is_joined_across_chunks(serve: Callable[..., object]) -> None:
+    server = await serve(  # type: ignore[misc]
+        _chunked(b"data: one\r\nda", b"ta: two\n", b"tail"), _sized(b"again")
+    )
     response = await http1.pool().post(server.url, b"{}", {})
-    assert [line async for line in response.lines()] == ["data: one", "data: two", "tail"]
+    assert await response.read() == b"data: one\r\ndata: two\ntail"
+    again = await http1.pool().post(server.url, b"{}", {})
+    assert await again.read() == b"again"
+    assert [s.connection for s in server.seen] == [1, 1]  # read to its end: kept
 
 
 async def test_a_reply_that_asks_to_close_is_not_reused(serve: Callable[..., object]) -> None:
@@ -187,3 +192,62 @@ async def test_a_released_unread_reply_closes_its_connection(
     response.release()  # the body was never read: the socket cannot carry another request
     assert await (await http1.pool().post(server.url, b"{}", {})).read() == b"next"
     assert [s.connection for s in server.seen] == [1, 2]
+
+
+CHUNKED_BODY_PIECES = [b"data: one\r\n", b"\r\n", b"data: " + b"x" * 300 + b"\n", b"tail"]
+
+
+def _chunked_body(pieces: list[bytes], trailer: bytes = b"") -> bytes:
+    out = b"".join(f"{len(p):x};ext=1\r\n".encode() + p + b"\r\n" for p in pieces)
+    return out + b"0\r\n" + trailer + b"\r\n"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 10_000])
+def test_chunked_decoding_is_the_same_however_the_bytes_arrive(size: int) -> None:
+    raw = _chunked_body(CHUNKED_BODY_PIECES, trailer=b"X-Trailer: 1\r\n")
+    body = http1._ChunkedBody()
+    out = b"".join(body.feed(raw[i : i + size]) for i in range(0, len(raw), size))
+    assert out == b"".join(CHUNKED_BODY_PIECES) and body.done and not body.extra
+
+
+def test_chunked_bytes_after_the_end_make_the_connection_unusable() -> None:
+    body = http1._ChunkedBody()
+    assert body.feed(_chunked_body([b"a"]) + b"HTTP/1.1 200") == b"a"
+    assert body.done and body.extra
+
+
+@pytest.mark.parametrize("raw", [b"zz\r\nab\r\n", b"2\r\nabXY", b"1" * (http1.HEAD_LIMIT + 1)])
+def test_bad_chunked_framing_fails_at_receive(raw: bytes) -> None:
+    with pytest.raises(http1.HttpFailure) as caught:
+        http1._ChunkedBody().feed(raw)
+    assert caught.value.stage == "receive"
+
+
+class _Writer:
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_chunked_reply_that_arrived_is_taken_in_one_read() -> None:
+    """Every chunk already in the stream's buffer is decoded by one read: no await per chunk
+    (three per chunk was the largest cost of a streamed reply on the event loop)."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(_chunked_body([b"data: %d\n\n" % i for i in range(50)]))
+    calls: list[str] = []
+    for name in ("read", "readuntil", "readexactly", "readline"):
+        method = getattr(reader, name)
+
+        async def counted(*args: object, _name: str = name, _method: object = method) -> bytes:
+            calls.append(_name)
+            return await _method(*args)  # type: ignore[operator, no-any-return]
+
+        setattr(reader, name, counted)
+    connection = http1._Connection(reader, _Writer())  # type: ignore[arg-type]
+    headers = {"transfer-encoding": "chunked"}
+    response = http1.Response(http1.Pool(), ("http", "h", 80), connection, 200, headers)
+    pieces = [piece async for piece in response.chunks()]
+    assert calls == ["read"]
+    assert b"".join(pieces) == b"".join(b"data: %d\n\n" % i for i in range(50))
