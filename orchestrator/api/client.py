@@ -26,12 +26,10 @@ import logging
 import os
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
-
-from pydantic import ValidationError
+from typing import TYPE_CHECKING, Any, Final
 
 from orchestrator.api.errors import (
     ApiCommandError,
@@ -48,26 +46,29 @@ from orchestrator.api.framing import (
     LineReader,
     decode_line,
     encode_command,
-    encode_message,
+    encode_object,
 )
-from orchestrator.api.protocol import (
+from orchestrator.api.messages import (
+    ErrorMessage,
+    Event,
+    Response,
+    Resync,
+    Stream,
+    Welcome,
+    decode_server_message,
+)
+from orchestrator.api.socket_file import default_socket_path
+from orchestrator.api.wire import (
     CLIENT_CAPABILITIES,
     E_INVALID_COMMAND,
     E_LINE_TOO_LONG,
     E_VERSION_MISMATCH,
     PROTOCOL_VERSION,
-    Command,
-    ErrorMessage,
-    Event,
-    Hello,
-    Response,
-    Resync,
-    Stream,
-    Welcome,
-    command_adapter,
-    server_message_adapter,
+    version_mismatch_message,
 )
-from orchestrator.api.server import default_socket_path, version_mismatch_message
+
+if TYPE_CHECKING:
+    from orchestrator.api.protocol import Command
 
 __all__ = [
     "CLIENT_EVENT_QUEUE_MAX",
@@ -81,6 +82,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S: Final = 5.0
 CLIENT_EVENT_QUEUE_MAX: Final = 10_000
 _CLIENT_ID_PREFIX: Final = "c"
+HELLO_TYPE: Final = "hello"  # the first line of every connection (protocol.Hello)
 _RANDOM_HEX_CHARS: Final = 12
 
 
@@ -156,13 +158,14 @@ class ControlClient:
         client_id: str,
         capabilities: Iterable[str],
     ) -> Welcome:
-        hello = Hello(
-            protocol_version=PROTOCOL_VERSION,
-            client_id=client_id,
-            capabilities=list(capabilities),
-        )
+        hello = {
+            "type": HELLO_TYPE,
+            "protocol_version": PROTOCOL_VERSION,
+            "client_id": client_id,
+            "capabilities": list(capabilities),
+        }
         try:
-            writer.write(encode_message(hello))
+            writer.write(encode_object(hello, HELLO_TYPE))
             await writer.drain()
             line = await lines.read_line()
         except OSError as exc:
@@ -170,8 +173,8 @@ class ControlClient:
         if line is None or line is LINE_TOO_LONG:
             raise ConnectionClosed("the daemon closed the connection during the handshake")
         try:
-            message = server_message_adapter.validate_python(decode_line(line))
-        except (FrameError, ValidationError):
+            message = decode_server_message(decode_line(line))
+        except ValueError:  # FrameError is one too
             raise ConnectionClosed("the daemon answered the handshake with garbage") from None
         if isinstance(message, ErrorMessage):
             raise error_from_wire(message.code, message.message)
@@ -218,44 +221,62 @@ class ControlClient:
     def new_command_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids)}"
 
+    def command(
+        self, command_type: str, /, *, command_id: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """The command ``command_type`` as the daemon reads it: ``fields`` as given, those that
+        are None left out (None is every optional field's default, ``test_api_protocol``
+        checks it), and a new ``command_id`` unless one is given."""
+        body = {k: v for k, v in fields.items() if v is not None}
+        return {"type": command_type, "command_id": command_id or self.new_command_id(), **body}
+
     async def call(
         self, command_type: str, /, *, command_id: str | None = None, **fields: Any
     ) -> Any:
-        """Build the command ``command_type`` from ``fields`` and run it (see ``request``)."""
-        body = {"type": command_type, "command_id": command_id or self.new_command_id(), **fields}
-        try:
-            command: Command = command_adapter.validate_python(body)
-        except ValidationError as exc:
-            raise ApiCommandError(E_INVALID_COMMAND, str(exc)) from None
-        return await self.request(command)
+        """Run the command ``command_type`` with ``fields`` (see ``command`` and ``request``).
 
-    async def request(self, command: Command, *, timeout: float | None = None) -> Any:
-        """Send ``command``, wait for its response; the result, or the error of its code
-        (``error_from_wire``: ``ApiCommandError`` for every code a command fails with)."""
+        The client sends it as plain data and the daemon validates it: a bad field comes back
+        as ``invalid_command`` with the daemon's one-line summary. So this path needs no
+        pydantic (docs/cli.md, "Start-up cost")."""
+        return await self.request(self.command(command_type, command_id=command_id, **fields))
+
+    async def request(
+        self, command: Command | Mapping[str, Any], *, timeout: float | None = None
+    ) -> Any:
+        """Send ``command`` (a model of ``protocol.py``, or a body from ``command``), wait for
+        its response; the result, or the error of its code (``error_from_wire``:
+        ``ApiCommandError`` for every code a command fails with)."""
         if self.closed:
             raise ConnectionClosed(self._closed_reason())
         try:
-            line = encode_command(command)
+            if isinstance(command, Mapping):
+                command_id = str(command["command_id"])
+                line = encode_object(command, str(command["type"]))
+            else:
+                command_id = command.command_id
+                line = encode_command(command)
         except FrameError as exc:
             raise ApiCommandError(E_LINE_TOO_LONG, exc.message) from None
+        except (TypeError, ValueError) as exc:  # a value JSON cannot hold (the daemon's check)
+            raise ApiCommandError(E_INVALID_COMMAND, f"{command_type_of(command)}: {exc}") from None
         future: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         # Mark a failure as seen even if the caller timed out and nobody awaits the future.
         future.add_done_callback(_consume_exception)
         # A repeat of an id still in flight shares the first request's future.
-        future = self._pending.setdefault(command.command_id, future)
+        future = self._pending.setdefault(command_id, future)
         try:
             async with self._send_lock:
                 self._writer.write(line)
                 await self._writer.drain()
         except OSError as exc:
-            self._pending.pop(command.command_id, None)
+            self._pending.pop(command_id, None)
             raise ConnectionClosed(f"lost the daemon connection: {exc}") from None
         try:
             async with asyncio.timeout(timeout):
                 response = await asyncio.shield(future)
         finally:
             if future.done():
-                self._pending.pop(command.command_id, None)
+                self._pending.pop(command_id, None)
         if response.error is not None:
             raise error_from_wire(response.error.code, response.error.message)
         return response.result
@@ -318,8 +339,8 @@ class ControlClient:
                     log.warning("daemon sent a line over the cap; dropped")
                     continue
                 try:
-                    message = server_message_adapter.validate_python(decode_line(line))
-                except (FrameError, ValidationError) as exc:
+                    message = decode_server_message(decode_line(line))
+                except ValueError as exc:  # FrameError is one too
                     log.warning("daemon sent an unreadable line: %s", exc)
                     continue
                 if isinstance(message, Response):
@@ -348,6 +369,13 @@ class ControlClient:
             if not future.done():
                 future.set_exception(ConnectionClosed(reason))
         self._pending.clear()
+
+
+def command_type_of(command: Command | Mapping[str, Any]) -> str:
+    """The ``type`` of a command, model or body."""
+    if isinstance(command, Mapping):
+        return str(command.get("type"))
+    return str(getattr(command, "type", None))
 
 
 def _consume_exception(future: asyncio.Future[Response]) -> None:

@@ -3,7 +3,7 @@
 Those a person can act on (no daemon, a daemon of another version, another daemon already on the
 socket) are also ``UserError``: the CLI prints them as one line.
 
-Every error code the daemon sends (``orchestrator.api.protocol.ERROR_CODES``) has the class a
+Every error code the daemon sends (``orchestrator.api.wire.ERROR_CODES``) has the class a
 client raises for it in ``WIRE_ERROR_CLASSES``; ``error_from_wire`` builds it. The whole tree is
 drawn in ``orchestrator/errors.py``.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from orchestrator.api.protocol import E_PERMISSION_DENIED, E_VERSION_MISMATCH, ERROR_CODES
+from orchestrator.api.wire import E_PERMISSION_DENIED, E_VERSION_MISMATCH, ERROR_CODES
 from orchestrator.errors import ApiError, UserError
 
 __all__ = [

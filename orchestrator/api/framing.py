@@ -14,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from typing import Any, Final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final
 
-from pydantic import BaseModel
-
-from orchestrator.api.protocol import E_PARSE_ERROR, E_RESULT_TOO_LARGE
+from orchestrator.api.wire import E_PARSE_ERROR, E_RESULT_TOO_LARGE
 from orchestrator.errors import ApiError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from orchestrator.api.messages import AnyServerMessage
 
 __all__ = [
     "LINE_TOO_LONG",
@@ -31,6 +35,7 @@ __all__ = [
     "decode_line",
     "encode_command",
     "encode_message",
+    "encode_object",
 ]
 
 MAX_LINE_BYTES: Final = 1024 * 1024  # 1 MiB per line, in both directions
@@ -135,24 +140,41 @@ def decode_line(line: bytes) -> dict[str, Any]:
     return value
 
 
-def encode_message(message: BaseModel, *, max_line_bytes: int = MAX_LINE_BYTES) -> bytes:
-    """One message as a line, or ``FrameError(result_too_large)`` past the cap.
+def _capped(data: bytes, what: str, max_line_bytes: int) -> bytes:
+    """``data`` as a line, or ``FrameError(result_too_large)`` past the cap.
 
-    The sender enforces the cap too: a reply the peer would discard as ``line_too_long`` is
+    The sender enforces the cap too: a line the peer would discard as ``line_too_long`` is
     better reported as what it is.
     """
-    data = message.model_dump_json().encode()
     if len(data) > max_line_bytes:
         raise FrameError(
             E_RESULT_TOO_LARGE,
-            f"{message.__class__.__name__} of {len(data)} bytes exceeds the "
-            f"{max_line_bytes}-byte line cap",
+            f"{what} of {len(data)} bytes exceeds the {max_line_bytes}-byte line cap",
         )
     return data + _NEWLINE
 
 
+def encode_message(message: AnyServerMessage, *, max_line_bytes: int = MAX_LINE_BYTES) -> bytes:
+    """A message of the daemon's as a line (serialised by pydantic: a result may hold any value
+    it knows how to write, a datetime say). Only the daemon sends these, so only it loads the
+    models."""
+    from orchestrator.api.protocol import server_message_adapter
+
+    data = server_message_adapter.dump_json(message)
+    return _capped(data, message.__class__.__name__, max_line_bytes)
+
+
+def encode_object(
+    body: Mapping[str, Any], what: str, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> bytes:
+    """A JSON object as a line (``what`` names it in the error past the cap): how a client sends
+    its hello and its commands, as plain data the daemon validates."""
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return _capped(data, what, max_line_bytes)
+
+
 def encode_command(command: BaseModel, *, max_line_bytes: int = MAX_LINE_BYTES) -> bytes:
-    """A command as a line, leaving out the fields that hold their default value.
+    """A command model as a line, leaving out the fields that hold their default value.
 
     The daemon fills defaults in, so the meaning is the same; and a daemon that predates an
     optional field (same protocol version, older install) only refuses a command that actually
@@ -162,11 +184,4 @@ def encode_command(command: BaseModel, *, max_line_bytes: int = MAX_LINE_BYTES) 
         "type": getattr(command, "type", None),
         **command.model_dump(mode="json", exclude_defaults=True),
     }
-    data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-    if len(data) > max_line_bytes:
-        raise FrameError(
-            E_RESULT_TOO_LARGE,
-            f"{command.__class__.__name__} of {len(data)} bytes exceeds the "
-            f"{max_line_bytes}-byte line cap",
-        )
-    return data + _NEWLINE
+    return encode_object(body, command.__class__.__name__, max_line_bytes=max_line_bytes)

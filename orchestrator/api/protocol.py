@@ -1,8 +1,12 @@
-"""The control protocol's messages: pydantic v2 models, one discriminated union per direction.
+"""The control protocol's messages: one discriminated union per direction, validated by pydantic.
 
 Everything here is data; the socket server (``server.py``) and client (``client.py``) move these
-models as JSON lines (``framing.py``). docs/protocol.md is the page a client author reads; its
-"Protocol version:" line is pinned to ``PROTOCOL_VERSION`` by a test.
+messages as JSON lines (``framing.py``). The daemon validates every line a client sends against
+the pydantic models below. What the daemon sends is plain dataclasses (``messages.py``), and the
+version, capabilities and error codes are plain constants (``wire.py``); this module re-exports
+both. A client can therefore read the daemon without pydantic, and the lean ``-p`` client does.
+docs/protocol.md is the page a client author reads; its "Protocol version:" line is pinned to
+``PROTOCOL_VERSION`` by a test.
 
 Change policy: a new optional field or a new command behind a capability is compatible; removing
 or renaming anything, or changing a meaning, bumps ``PROTOCOL_VERSION``. Commands forbid unknown
@@ -17,7 +21,45 @@ import hashlib
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
+
+from orchestrator.api.messages import (
+    AnyServerMessage,
+    ErrorInfo,
+    ErrorMessage,
+    Event,
+    Response,
+    Resync,
+    Stream,
+    Welcome,
+)
+from orchestrator.api.wire import (
+    CAP_EVENTS,
+    CAP_IDEMPOTENCY,
+    CAP_RESYNC,
+    CAP_STREAM,
+    CLIENT_CAPABILITIES,
+    E_BUSY,
+    E_CONFLICT,
+    E_HANDSHAKE_REQUIRED,
+    E_HANDSHAKE_TIMEOUT,
+    E_INTERNAL,
+    E_INVALID_ARGUMENT,
+    E_INVALID_COMMAND,
+    E_LINE_TOO_LONG,
+    E_NOT_FOUND,
+    E_PARSE_ERROR,
+    E_PERMISSION_DENIED,
+    E_RESULT_TOO_LARGE,
+    E_SHUTTING_DOWN,
+    E_UNKNOWN_COMMAND,
+    E_VERSION_MISMATCH,
+    ERROR_CODES,
+    PROTOCOL_VERSION,
+    SERVER_CAPABILITIES,
+    STREAM_EVENT_TYPES,
+    WAIT_QUIET_DEFAULT_S,
+)
 
 __all__ = [
     "CAP_EVENTS",
@@ -112,9 +154,6 @@ __all__ = [
     "server_message_adapter",
 ]
 
-# Bump on any incompatible wire change; docs/protocol.md quotes it and a test checks that it does.
-PROTOCOL_VERSION = 1
-
 # Identifiers (client ids, command ids, session references, capability names) are short tokens.
 MAX_API_BASE_CHARS = 2048
 MAX_CLIENT_ENV = 8  # a key variable and OPENAI_BASE_URL; room to spare
@@ -131,7 +170,6 @@ SANDBOX_MEMORY_MIN_MIB: Final = 128
 # api_key_env (a lower-case one too), so what a config accepts the daemon accepts.
 EnvName = Annotated[str, StringConstraints(pattern=KEY_ENV_NAME_PATTERN)]
 MAX_IMAGE_CHARS = 256  # an image tag (docker allows 128 for the tag, plus the repository)
-WAIT_QUIET_DEFAULT_S = 3600.0  # the settings' FAMILY_WAIT_TIMEOUT_S
 WAIT_QUIET_MAX_S = 7 * 24 * 3600.0
 MAX_ID_CHARS = 128
 # `list_sessions {limit}` at most: about 700 bytes a row keeps the answer under the line cap.
@@ -161,55 +199,6 @@ GOAL_OBJECTIVE_MAX_CHARS = 4000
 SCHEDULE_SPEC_MAX_CHARS = 200
 SCHEDULE_PROMPT_MAX_CHARS = 16_000
 
-# Capabilities. A feature used only when both sides list it; the intersection is stored per client.
-CAP_EVENTS = "events"  # attach/detach and pushed `event` messages
-CAP_RESYNC = "resync"  # the client understands `resync` after it fell behind
-CAP_IDEMPOTENCY = "idempotency"  # repeated mutating commands return the stored response
-# Pushed `stream` messages (text deltas, tool and compaction starts) of attached sessions: never
-# stored, dropped for a client that falls behind. Opt-in: a client lists it in its hello.
-CAP_STREAM = "stream"
-SERVER_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY, CAP_STREAM)
-CLIENT_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
-# The transient events a `stream` message carries (the agent loop's sink emits them without a
-# seq; durable events go out as `event`).
-STREAM_EVENT_TYPES: frozenset[str] = frozenset({"text_delta", "tool_start", "compaction_start"})
-
-# Error codes: the `code` of `response.error` and of connection-level `error` messages.
-E_PARSE_ERROR = "parse_error"  # the line is not UTF-8 JSON holding an object
-E_LINE_TOO_LONG = "line_too_long"  # the line passed MAX_LINE_BYTES; the rest of it was discarded
-E_HANDSHAKE_REQUIRED = "handshake_required"  # the first message was not `hello`
-E_HANDSHAKE_TIMEOUT = "handshake_timeout"  # no `hello` within the handshake timeout
-E_VERSION_MISMATCH = "version_mismatch"  # the client speaks another protocol version
-E_UNKNOWN_COMMAND = "unknown_command"  # `type` names no command this daemon knows
-E_INVALID_COMMAND = "invalid_command"  # a known command with missing, extra or mistyped fields
-E_INVALID_ARGUMENT = "invalid_argument"  # well-formed, but the handler rejects a value
-E_NOT_FOUND = "not_found"  # the session (or other object) does not exist
-E_CONFLICT = "conflict"  # a command id reused for a different command
-E_BUSY = "busy"  # the target cannot take this now (try again or use follow_up)
-E_PERMISSION_DENIED = "permission_denied"  # the peer's uid is not the daemon's
-E_RESULT_TOO_LARGE = "result_too_large"  # the reply would pass MAX_LINE_BYTES
-E_SHUTTING_DOWN = "shutting_down"  # the daemon is stopping
-E_INTERNAL = "internal"  # a bug in the daemon; details are in its log, never on the wire
-ERROR_CODES: frozenset[str] = frozenset(
-    {
-        E_PARSE_ERROR,
-        E_LINE_TOO_LONG,
-        E_HANDSHAKE_REQUIRED,
-        E_HANDSHAKE_TIMEOUT,
-        E_VERSION_MISMATCH,
-        E_UNKNOWN_COMMAND,
-        E_INVALID_COMMAND,
-        E_INVALID_ARGUMENT,
-        E_NOT_FOUND,
-        E_CONFLICT,
-        E_BUSY,
-        E_PERMISSION_DENIED,
-        E_RESULT_TOO_LARGE,
-        E_SHUTTING_DOWN,
-        E_INTERNAL,
-    }
-)
-
 Token = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 JsonObject = dict[str, Any]
 
@@ -217,11 +206,6 @@ JsonObject = dict[str, Any]
 class _ClientModel(BaseModel):
     # Strict about what a client sends: unknown fields are an error, not silently dropped.
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _ServerModel(BaseModel):
-    # Lenient about what a server sends, so additions do not break older clients.
-    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 # ---------------------------------------------------------------------------------- client → server
@@ -760,80 +744,9 @@ MUTATING_COMMAND_TYPES: frozenset[str] = frozenset(
 # ---------------------------------------------------------------------------------- server → client
 
 
-class Welcome(_ServerModel):
-    """The server's answer to a compatible `hello`; `capabilities` is the negotiated set."""
-
-    type: Literal["welcome"] = "welcome"
-    protocol_version: int
-    server_version: str
-    capabilities: list[str] = Field(default_factory=list)
-
-
-class ErrorInfo(_ServerModel):
-    code: str
-    message: str
-
-
-class Response(_ServerModel):
-    """The answer to one command, matched by `command_id`; `ok` ⇔ no `error`."""
-
-    type: Literal["response"] = "response"
-    command_id: str
-    ok: bool
-    result: Any = None
-    error: ErrorInfo | None = None
-
-    @model_validator(mode="after")
-    def _ok_xor_error(self) -> Response:
-        if self.ok == (self.error is not None):
-            raise ValueError("a response has an error exactly when ok is false")
-        return self
-
-
-class Event(_ServerModel):
-    """A session event pushed to attached clients; `cursor` increases per session."""
-
-    type: Literal["event"] = "event"
-    session: str
-    cursor: int
-    event: JsonObject
-
-
-class Resync(_ServerModel):
-    """Events for `session` were dropped because the client fell behind.
-
-    With a `snapshot`, it is the session's state up to `cursor`: replace local state with it and
-    drop later events whose cursor is not above `cursor`. Without one, re-`attach` with the last
-    cursor applied to get a replay.
-    """
-
-    type: Literal["resync"] = "resync"
-    session: str
-    cursor: int | None = None
-    snapshot: JsonObject | None = None
-
-
-class Stream(_ServerModel):
-    """A transient event of ``session`` (``STREAM_EVENT_TYPES``: a text delta, a tool call
-    starting, a compaction starting) for clients that negotiated ``stream``. Never stored, no
-    cursor: a client that falls behind loses them, and the next durable event is the truth."""
-
-    type: Literal["stream"] = "stream"
-    session: str
-    event: JsonObject
-
-
-class ErrorMessage(_ServerModel):
-    """A connection-level error, not tied to a command (bad line, refused handshake)."""
-
-    type: Literal["error"] = "error"
-    code: str
-    message: str
-
-
-ServerMessage = Annotated[
-    Welcome | Response | Event | Resync | Stream | ErrorMessage, Field(discriminator="type")
-]
+# The messages themselves are plain dataclasses (``messages.py``) so that a client reads them
+# without pydantic; the daemon validates and serialises them through this union.
+ServerMessage = Annotated[AnyServerMessage, Field(discriminator="type")]
 
 # Built once: a TypeAdapter compiles its validator, which is the expensive part.
 command_adapter: TypeAdapter[Command] = TypeAdapter(Command)

@@ -86,11 +86,13 @@ from orchestrator.api.protocol import (
 )
 from orchestrator.api.socket_file import (
     check_socket_path,
+    default_socket_path,
     remove_stale_socket,
     take_lock,
     unlink_if_same,
 )
-from orchestrator.paths import CONTROL_SOCKET_FILE_NAME, Paths
+from orchestrator.api.wire import version_mismatch_message
+from orchestrator.paths import CONTROL_SOCKET_FILE_NAME
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S",
@@ -126,25 +128,12 @@ MAX_ERROR_MESSAGE_CHARS: Final = 500
 _PEERCRED_FORMAT: Final = "3i"  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
 
-def default_socket_path(paths: Paths | None = None) -> Path:
-    """``$XDG_RUNTIME_DIR/prime-agent/orchestrator.sock`` (or the /tmp fallback of ``Paths``)."""
-    return (paths or Paths.from_env()).control_socket
-
-
 def package_version() -> str:
     """The installed prime-agent version, sent in ``welcome`` for diagnostics."""
     try:
         return importlib.metadata.version(PACKAGE_NAME)
     except importlib.metadata.PackageNotFoundError:
         return UNKNOWN_VERSION
-
-
-def version_mismatch_message(client_version: int, server_version: int) -> str:
-    return (
-        f"control protocol mismatch: client speaks version {client_version}, the daemon speaks "
-        f"version {server_version}; restart the daemon so it runs the installed version, or "
-        "upgrade the older side"
-    )
 
 
 @dataclass

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.api.errors import DaemonAlreadyRunning, SocketPathError
-from orchestrator.paths import ensure_private_dir
+from orchestrator.paths import Paths, ensure_private_dir
 
 __all__ = [
     "LOCK_FILE_MODE",
@@ -26,6 +26,7 @@ __all__ = [
     "STALE_PROBE_TIMEOUT_S",
     "SUN_PATH_MAX_BYTES",
     "check_socket_path",
+    "default_socket_path",
     "remove_stale_socket",
     "take_lock",
     "unlink_if_same",
@@ -39,6 +40,11 @@ LOCK_FILE_MODE: Final = 0o600
 SUN_PATH_MAX_BYTES: Final = 107
 # Probing an existing socket file: a live daemon answers connect() at once.
 STALE_PROBE_TIMEOUT_S: Final = 1.0
+
+
+def default_socket_path(paths: Paths | None = None) -> Path:
+    """``$XDG_RUNTIME_DIR/prime-agent/orchestrator.sock`` (or the /tmp fallback of ``Paths``)."""
+    return (paths or Paths.from_env()).control_socket
 
 
 def check_socket_path(path: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError, ConnectionClosed, DaemonNotRunning
-from orchestrator.api.protocol import E_INVALID_COMMAND
+from orchestrator.api.wire import E_INVALID_COMMAND
 from orchestrator.cli.autostart import AUTOSTART_ENV, DAEMON_CONNECT_TIMEOUT_S
 from orchestrator.errors import UserError
 

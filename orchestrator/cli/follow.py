@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event, Resync, Stream
+from orchestrator.api.messages import Event, Resync, Stream
 
 __all__ = ["Emit", "Follower", "Gap"]
 

@@ -91,13 +91,12 @@ async def run_via_daemon(
     config (``SessionSettings``: an eval config's). ``finish``: what to do with the outcome
     instead of printing it; without it, the output and exit codes are print mode's."""
     from orchestrator.api.errors import ApiCommandError
-    from orchestrator.api.protocol import CreateSession
 
     async with DaemonLink() as link:
         try:
             created: dict[str, Any] = await link.client.request(
-                CreateSession(
-                    command_id=link.client.new_command_id(),
+                link.client.command(
+                    "create_session",
                     cwd=str(cwd),
                     task=text,
                     model=model,
@@ -274,14 +273,13 @@ async def _quiet_or_abort(
     aborts its descendants' turns too) and give the tree ``ABORT_SETTLE_S`` to go quiet, so
     that ``run_end`` is recorded and the tree released as after any run."""
     from orchestrator.api.errors import ConnectionClosed
-    from orchestrator.api.protocol import WaitQuiet
     from orchestrator.errors import ApiError
 
     client = link.client
     waiting = asyncio.ensure_future(
         client.request(
-            WaitQuiet(
-                command_id=client.new_command_id(),
+            client.command(
+                "wait_quiet",
                 session=session,
                 timeout_s=wait_timeout_s,
                 release=release,

@@ -6,17 +6,19 @@ import asyncio
 import importlib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator.api import framing, protocol
 from orchestrator.api.framing import LINE_TOO_LONG, FrameError, LineReader, decode_line
 from orchestrator.api.journal import CommandJournal
+from orchestrator.api.messages import decode_server_message
 from orchestrator.api.outbox import STREAM_FILL_FRACTION, Item, ItemKind, Outbox
 from orchestrator.api.protocol import (
     COMMAND_TYPES,
@@ -176,17 +178,53 @@ def test_server_messages_round_trip_and_ignore_additions() -> None:
         protocol.ErrorMessage(code="parse_error", message="bad"),
     ]
     for message in messages:
-        data = json.loads(message.model_dump_json())
+        data = json.loads(framing.encode_message(message))
+        # The daemon's view (pydantic) and the client's (messages.py, no pydantic) agree.
         assert server_message_adapter.validate_python(data) == message
+        assert decode_server_message(data) == message
         # A newer daemon's extra field does not break this client.
         assert server_message_adapter.validate_python({**data, "future": 1}) == message
+        assert decode_server_message({**data, "future": 1}) == message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"type": "event", "session": "s", "cursor": "3", "event": {}},  # a string for an int
+        {"type": "event", "session": "s", "cursor": True, "event": {}},  # a bool is no int
+        {"type": "event", "session": "s", "event": {}},  # no cursor
+        {"type": "resync", "session": "s", "snapshot": []},  # not an object
+        {"type": "welcome", "protocol_version": 1, "server_version": "v", "capabilities": [1]},
+        {"type": "response", "command_id": "1", "ok": True, "error": {"code": "x"}},
+        {"type": "response", "command_id": "1", "ok": True, "result": 1, "error": None}
+        | {"ok": "yes"},
+        {"type": "telegram", "session": "s"},
+        {"session": "s"},
+    ],
+)
+def test_the_client_drops_what_the_daemon_would_not_send(data: dict[str, Any]) -> None:
+    """The client's decoder takes only the JSON kinds the daemon writes: a string or a bool
+    where a number goes is a broken line, even where pydantic's lax mode would convert it."""
+    with pytest.raises(ValueError):
+        decode_server_message(data)
 
 
 def test_response_ok_exactly_when_no_error() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError):
         Response(command_id="1", ok=True, error=ErrorInfo(code="internal", message="x"))
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValueError):
         Response(command_id="1", ok=False)
+    with pytest.raises(ValidationError):
+        server_message_adapter.validate_python({"type": "response", "command_id": "1", "ok": False})
+
+
+@pytest.mark.parametrize("cls", [*protocol._COMMAND_CLASSES, protocol.Hello])
+def test_none_is_the_default_of_every_optional_command_field(cls: type[BaseModel]) -> None:
+    """The client leaves out the fields a caller passes as None (``ControlClient.command``):
+    that is sending the default only because None is every optional field's default."""
+    for name, info in cls.model_fields.items():
+        if type(None) in typing.get_args(info.annotation):
+            assert info.default is None, f"{cls.__name__}.{name}"
 
 
 def test_fingerprint_ignores_only_the_id() -> None:
@@ -200,7 +238,19 @@ def test_fingerprint_ignores_only_the_id() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["protocol", "framing", "server", "client", "errors", "outbox", "journal", "__init__"],
+    [
+        "protocol",
+        "framing",
+        "server",
+        "client",
+        "errors",
+        "outbox",
+        "journal",
+        "messages",
+        "wire",
+        "socket_file",
+        "__init__",
+    ],
 )
 def test_public_surface(module: str) -> None:
     name = "orchestrator.api" if module == "__init__" else f"orchestrator.api.{module}"
