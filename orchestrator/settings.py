@@ -51,6 +51,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import ConfigError
+from orchestrator.model_names import EMBEDDED_MODEL_NAME
 
 __all__ = [
     "CELL_TIMEOUT_CEILING_S",
@@ -103,7 +104,6 @@ MODEL_STREAM_IDLE_TIMEOUT_S = 120.0  # no bytes from the provider for this long 
 MAX_OUTPUT_TOKENS = 8192  # per model reply
 DEFAULT_CONTEXT_WINDOW = 128_000
 
-EMBEDDED_MODEL_NAME = "local/qwen2.5-coder-0.5b"
 EMBEDDED_CONTEXT_TOKENS = 8192
 
 # --- subagents and messages (docs/spec.md §3) ----------------------------------------------

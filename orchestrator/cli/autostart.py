@@ -18,10 +18,10 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any, Final
 
+from orchestrator.cli.client_config import read_config_toml
 from orchestrator.cli.common import EXIT_USAGE, fail
 from orchestrator.daemon.files import STARTUP_ERROR_PREFIX, daemon_log_path
 from orchestrator.errors import PrimeAgentError, UserError
@@ -193,12 +193,8 @@ def _autostart_surely_on(paths: Paths) -> bool:
     raw = os.environ.get(AUTOSTART_ENV, "").strip().lower()
     if raw:
         return raw in _AUTOSTART_ON_WORDS
-    try:
-        with open(paths.config_file, "rb") as fh:
-            config = tomllib.load(fh)
-    except FileNotFoundError:
-        return True  # no config file: the default, on
-    except (OSError, tomllib.TOMLDecodeError):
+    config = read_config_toml(paths.config_file)  # empty without a file: the default, on
+    if config is None:
         return False  # the settings loader says what is wrong
     section = config.get(_DAEMON_SECTION, {})
     return isinstance(section, dict) and section.get(_AUTOSTART_KEY, True) is True

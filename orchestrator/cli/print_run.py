@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from orchestrator.cli.client_config import ClientConfig, load_client_config
 from orchestrator.cli.common import (
     EXIT_ABORTED,
     EXIT_ERROR,
@@ -68,14 +69,21 @@ def _through_daemon(
     cwd: Path,
     backend: str,
     mode: Mode,
-    settings: Settings,
+    config: ClientConfig,
+    no_refine: bool,
+    sandbox: dict[str, Any],
     controls: Controls | None = None,
-    sandbox: dict[str, Any] | None = None,
 ) -> int:
+    """The run through the daemon. The daemon applies config.toml itself (refine default,
+    sandbox settings); the client adds its options and this shell's key variables."""
     from orchestrator.cli.via_daemon import run_via_daemon
+    from orchestrator.model_names import client_env_names
 
     controls = controls or Controls()
-
+    # The sandbox choices travel with the session (stored in its policy), and so do this
+    # shell's key and OPENAI_BASE_URL (in the daemon's memory only).
+    names = client_env_names(model_sel, config.default_model, config.models)
+    client_env = {name: os.environ[name] for name in names if os.environ.get(name)}
     code = run_interruptible(
         lambda abort: run_via_daemon(
             text=text,
@@ -84,11 +92,11 @@ def _through_daemon(
             cwd=cwd,
             backend=backend,
             json_mode=mode is Mode.json,
-            wait_timeout_s=settings.family_wait_timeout_s,
-            refine=None if settings.harness.refine_enabled else False,
+            wait_timeout_s=config.family_wait_timeout_s,
+            refine=False if no_refine else None,  # None: the daemon's config.toml decides
             autonomous=controls.autonomous,
             goal=controls.goal,
-            sandbox=sandbox,
+            sandbox={**sandbox, "client_env": client_env},
             abort=abort,
         )
     )
@@ -114,6 +122,13 @@ def daemon_for_run(own_bus: bool, early: subprocess.Popen[bytes] | None = None) 
     return not own_bus and ensure_daemon()
 
 
+def _full_settings(paths: Paths) -> Settings:
+    """config.toml through the settings models: what an in-process run needs."""
+    from orchestrator.settings import load_settings
+
+    return load_settings(paths.config_file)
+
+
 def run_print(
     text: str,
     model_sel: str | None,
@@ -131,26 +146,21 @@ def run_print(
     controls: Controls | None = None,
     early: subprocess.Popen[bytes] | None = None,
 ) -> int:
-    # Only what both paths need: a run through the daemon must not pay for importing the
-    # session stack (~0.5 s of the CLI's start) it does not use.
-    from orchestrator.settings import load_settings
-
+    # A run through the daemon reads three values of config.toml without the settings models
+    # (cli/client_config.py): the client's start is its own imports (docs/cli.md, "Start-up
+    # cost"). Its own bus (--nats-url) or --no-daemon need the settings in any case.
     paths = Paths.from_env()
-    settings = load_settings(paths.config_file)
-    configured_nats_url = settings.nats.url
-    if nats_url is not None:
-        settings = settings.with_overrides(nats=settings.nats.model_copy(update={"url": nats_url}))
-    if no_refine:
-        settings = settings.with_overrides(
-            harness=settings.harness.model_copy(update={"refine_enabled": False})
-        )
+    settings: Settings | None = None
+    own_bus = False
+    if no_daemon or nats_url is not None:
+        settings = _full_settings(paths)
+        own_bus = nats_url is not None and nats_url != settings.nats.url
+    if settings is None:
+        config = load_client_config(paths.config_file)  # before the wait: a bad file fails now
+    else:
+        config = ClientConfig.from_settings(settings)
     sandbox_options = {"workspace": workspace, "image": image}
     sandbox_options = {k: v for k, v in sandbox_options.items() if v is not None}
-    if sandbox_options:
-        settings = settings.with_overrides(
-            sandbox=settings.sandbox.model_copy(update=sandbox_options)
-        )
-    own_bus = nats_url is not None and nats_url != configured_nats_url
     if not no_daemon and daemon_for_run(own_bus, early):
         if own_bus:
             raise UserError(
@@ -158,18 +168,21 @@ def run_print(
                 "set [nats] url there, or add --no-daemon"
             )
         # A running daemon owns the database: go through it (same output, same exit codes).
-        from orchestrator.models.registry import client_env_names
-
-        # The sandbox choices travel with the session (stored in its policy), and so do this
-        # shell's key and OPENAI_BASE_URL (in the daemon's memory only).
-        client_env = {
-            name: os.environ[name]
-            for name in client_env_names(model_sel, settings)
-            if os.environ.get(name)
-        }
-        sandbox = {**sandbox_options, "network": network, "client_env": client_env}
+        sandbox = {**sandbox_options, "network": network}
         return _through_daemon(
-            text, model_sel, api_base, cwd, backend, mode, settings, controls, sandbox
+            text, model_sel, api_base, cwd, backend, mode, config, no_refine, sandbox, controls
+        )
+    if settings is None:
+        settings = _full_settings(paths)
+    if nats_url is not None:
+        settings = settings.with_overrides(nats=settings.nats.model_copy(update={"url": nats_url}))
+    if no_refine:
+        settings = settings.with_overrides(
+            harness=settings.harness.model_copy(update={"refine_enabled": False})
+        )
+    if sandbox_options:
+        settings = settings.with_overrides(
+            sandbox=settings.sandbox.model_copy(update=sandbox_options)
         )
     from orchestrator.models.lite import preload_in_background
     from orchestrator.models.registry import resolve_model

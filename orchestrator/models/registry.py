@@ -19,14 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from orchestrator import model_names
 from orchestrator.errors import MissingCredentials, ModelNotFound, UserError
-from orchestrator.session_specs import StoredModel, StoredPrices
-from orchestrator.settings import (
+from orchestrator.model_names import (
+    EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
-    MAX_OUTPUT_TOKENS,
-    ModelConfig,
-    Settings,
+    KEY_VARS,
+    OPENAI_BASE_URL_ENV,
+    names_a_remote_model,
 )
+from orchestrator.session_specs import StoredModel, StoredPrices
+from orchestrator.settings import MAX_OUTPUT_TOKENS, ModelConfig, Settings
 
 __all__ = [
     "DUMMY_API_KEY",
@@ -48,19 +51,6 @@ DUMMY_API_KEY = "sk-no-key-required"
 TOKENS_PER_MTOK = 1_000_000
 # A 0.5B model that has not stopped after this many tokens is looping, not thinking.
 EMBEDDED_MAX_OUTPUT_TOKENS = 1024
-EMBEDDED_ALIASES = frozenset({"local", "embedded", EMBEDDED_MODEL_NAME})
-
-# Providers whose key variable we check without importing litellm.
-_KEY_VARS: dict[str, str] = {
-    "openai": "OPENAI_API_KEY",
-    "anthropic": "ANTHROPIC_API_KEY",
-    "openrouter": "OPENROUTER_API_KEY",
-    "groq": "GROQ_API_KEY",
-    "deepseek": "DEEPSEEK_API_KEY",
-    "mistral": "MISTRAL_API_KEY",
-    "gemini": "GEMINI_API_KEY",
-    "xai": "XAI_API_KEY",
-}
 # Providers that talk to a local server and need no key at all.
 _KEYLESS = frozenset({"ollama", "ollama_chat", "hosted_vllm", "lm_studio", "llamafile"})
 # Providers whose endpoint is the OpenAI chat API itself once an api_base names it: the lean
@@ -141,7 +131,7 @@ def _embedded(settings: Settings) -> ResolvedModel:
 
 
 def _known_provider(provider: str) -> bool:
-    if provider in _KEY_VARS or provider in _KEYLESS:
+    if provider in KEY_VARS or provider in _KEYLESS:
         return True
     from orchestrator.models.lite import load_litellm
 
@@ -152,33 +142,15 @@ def resolving_needs_litellm(selector: str | None, settings: Settings) -> bool:
     """True when ``resolve_model(selector)`` may ask litellm (a provider we do not know by
     name): callers on an event loop import it on a thread first (models/lite.ensure_litellm)."""
     chosen = (selector or settings.default_model or "").strip()
-    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
+    if not names_a_remote_model(chosen):
         return False
     provider = chosen.split("/", 1)[0]
-    return provider not in _KEY_VARS and provider not in _KEYLESS
-
-
-OPENAI_BASE_URL_ENV = "OPENAI_BASE_URL"
+    return provider not in KEY_VARS and provider not in _KEYLESS
 
 
 def client_env_names(selector: str | None, settings: Settings) -> frozenset[str]:
-    """The environment variables resolving ``selector`` may read: its key's variable and, for
-    the ``openai`` provider, ``OPENAI_BASE_URL``. A client sends its own values of these with a
-    new session, so a daemon started elsewhere calls the endpoint, with the key, of the shell
-    the run came from (docs/daemon.md, "Whose environment")."""
-    chosen = (selector or settings.default_model or "").strip()
-    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
-        return frozenset()
-    provider = chosen.split("/", 1)[0]
-    cfg = settings.models.get(chosen)
-    names: set[str] = set()
-    if cfg is not None and cfg.api_key_env:
-        names.add(cfg.api_key_env)
-    elif provider in _KEY_VARS:
-        names.add(_KEY_VARS[provider])
-    if provider == "openai" and (cfg is None or cfg.api_base is None):
-        names.add(OPENAI_BASE_URL_ENV)
-    return frozenset(names)
+    """``model_names.client_env_names`` with the config's default model and declared models."""
+    return model_names.client_env_names(selector, settings.default_model, settings.models)
 
 
 def litellm_expected(settings: Settings, env: Mapping[str, str] | None = None) -> bool:
@@ -187,7 +159,7 @@ def litellm_expected(settings: Settings, env: Mapping[str, str] | None = None) -
     if settings.model_client == "litellm":
         return True
     chosen = (settings.default_model or "").strip()
-    if not chosen or chosen in EMBEDDED_ALIASES or "/" not in chosen:
+    if not names_a_remote_model(chosen):
         return False
     env = os.environ if env is None else env
     cfg = settings.models.get(chosen)
@@ -240,15 +212,15 @@ def resolve_model(
             raise MissingCredentials(
                 f"{cfg.api_key_env} is not set (config.toml names it as the key for {chosen})"
             )
-    elif provider in _KEY_VARS:
-        key = env.get(_KEY_VARS[provider]) or None
-        key_env = _KEY_VARS[provider] if key is not None else None
+    elif provider in KEY_VARS:
+        key = env.get(KEY_VARS[provider]) or None
+        key_env = KEY_VARS[provider] if key is not None else None
     if key is None:
         if base is not None or provider in _KEYLESS:
             key = DUMMY_API_KEY
-        elif provider in _KEY_VARS:
+        elif provider in KEY_VARS:
             raise MissingCredentials(
-                f"{_KEY_VARS[provider]} is not set: export it to use {chosen}"
+                f"{KEY_VARS[provider]} is not set: export it to use {chosen}"
                 + (
                     ", or pass --api-base for an OpenAI-compatible server"
                     if provider == "openai"

@@ -327,6 +327,8 @@ def test_continue_and_resume(
         "orchestrator.store.db",
         "typer",  # a plain -p is parsed without it (cli/entry.py)
         "orchestrator.cli.app",
+        "pydantic",  # the daemon validates; the client sends plain data (api/client.py)
+        "orchestrator.settings",  # config.toml's few values are read with tomllib
     }
 
     # --continue: the newest session of this directory, with its history.
