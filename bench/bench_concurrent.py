@@ -33,7 +33,7 @@ from typing import Any, Final
 from bench import bench_daemon
 from bench.common import FakeServerProcess, cli_env, private_xdg
 from bench.peer_process import spawn, step_ends
-from orchestrator.api.protocol import Event, Resync
+from orchestrator.api.messages import Event, Resync
 
 __all__ = ["STEPS", "ours", "peer_script", "peers"]
 

@@ -33,7 +33,7 @@ from bench.common import (
     time_command,
 )
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event
+from orchestrator.api.messages import Event
 from orchestrator.errors import ApiError
 
 __all__ = ["run"]

@@ -45,7 +45,7 @@ drawing against the classes)::
         └── HarnessQuota             quota_exceeded
 
 Wire codes: each code the daemon sends on the control socket
-(``orchestrator.api.protocol.ERROR_CODES``) maps to the ``ApiError`` class a client raises
+(``orchestrator.api.wire.ERROR_CODES``) maps to the ``ApiError`` class a client raises
 (``orchestrator.api.errors.WIRE_ERROR_CLASSES``). Each host-request code a kernel receives
 (``orchestrator.runtime.wire.ERROR_CODES``) maps to the kernel's own exception class
 (``orchestrator.runtime.errors.ERROR_CLASSES``, stdlib only, not part of this tree); the
@@ -199,7 +199,7 @@ class IllegalTransition(PrimeAgentError):
 class ApiError(PrimeAgentError):
     """The control API (the daemon's Unix socket) refused, failed or was misused.
 
-    ``code`` is a wire code (``orchestrator.api.protocol.ERROR_CODES``), or for failures that
+    ``code`` is a wire code (``orchestrator.api.wire.ERROR_CODES``), or for failures that
     never reach the wire one of the codes in ``orchestrator.api.errors``; callers branch on it
     without parsing the message.
     """

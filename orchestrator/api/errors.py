@@ -36,7 +36,7 @@ CODE_NOT_RUNNING = "not_running"
 CODE_UNRESPONSIVE = "unresponsive"
 CODE_ALREADY_RUNNING = "already_running"
 CODE_BAD_SOCKET_PATH = "bad_socket_path"
-CODE_PERMISSION_DENIED = "permission_denied"  # same string as protocol.E_PERMISSION_DENIED
+CODE_PERMISSION_DENIED = "permission_denied"  # same string as wire.E_PERMISSION_DENIED
 
 
 class ApiCommandError(ApiError):

@@ -2,9 +2,10 @@
 
 Everything here is data; the socket server (``server.py``) and client (``client.py``) move these
 messages as JSON lines (``framing.py``). The daemon validates every line a client sends against
-the pydantic models below. What the daemon sends is plain dataclasses (``messages.py``), and the
-version, capabilities and error codes are plain constants (``wire.py``); this module re-exports
-both. A client can therefore read the daemon without pydantic, and the lean ``-p`` client does.
+the pydantic models below, and writes its own through ``server_message_adapter``. What the
+daemon sends is plain dataclasses (``messages.py``), and the version, capabilities and error
+codes are plain constants (``wire.py``), so that a client can read the daemon without pydantic:
+the lean ``-p`` client does.
 docs/protocol.md is the page a client author reads; its "Protocol version:" line is pinned to
 ``PROTOCOL_VERSION`` by a test.
 
@@ -23,77 +24,18 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
 
-from orchestrator.api.messages import (
-    AnyServerMessage,
-    ErrorInfo,
-    ErrorMessage,
-    Event,
-    Response,
-    Resync,
-    Stream,
-    Welcome,
-)
-from orchestrator.api.wire import (
-    CAP_EVENTS,
-    CAP_IDEMPOTENCY,
-    CAP_RESYNC,
-    CAP_STREAM,
-    CLIENT_CAPABILITIES,
-    E_BUSY,
-    E_CONFLICT,
-    E_HANDSHAKE_REQUIRED,
-    E_HANDSHAKE_TIMEOUT,
-    E_INTERNAL,
-    E_INVALID_ARGUMENT,
-    E_INVALID_COMMAND,
-    E_LINE_TOO_LONG,
-    E_NOT_FOUND,
-    E_PARSE_ERROR,
-    E_PERMISSION_DENIED,
-    E_RESULT_TOO_LARGE,
-    E_SHUTTING_DOWN,
-    E_UNKNOWN_COMMAND,
-    E_VERSION_MISMATCH,
-    ERROR_CODES,
-    PROTOCOL_VERSION,
-    SERVER_CAPABILITIES,
-    STREAM_EVENT_TYPES,
-    WAIT_QUIET_DEFAULT_S,
-)
+from orchestrator.api.messages import AnyServerMessage
+from orchestrator.api.wire import WAIT_QUIET_DEFAULT_S
 
 __all__ = [
-    "CAP_EVENTS",
-    "CAP_IDEMPOTENCY",
-    "CAP_RESYNC",
-    "CAP_STREAM",
-    "CLIENT_CAPABILITIES",
     "COMMAND_TYPES",
-    "ERROR_CODES",
     "EXIT_CODE_MAX",
-    "E_BUSY",
-    "E_CONFLICT",
-    "E_HANDSHAKE_REQUIRED",
-    "E_HANDSHAKE_TIMEOUT",
-    "E_INTERNAL",
-    "E_INVALID_ARGUMENT",
-    "E_INVALID_COMMAND",
-    "E_LINE_TOO_LONG",
-    "E_NOT_FOUND",
-    "E_PARSE_ERROR",
-    "E_PERMISSION_DENIED",
-    "E_RESULT_TOO_LARGE",
-    "E_SHUTTING_DOWN",
-    "E_UNKNOWN_COMMAND",
-    "E_VERSION_MISMATCH",
     "HARNESS_LOG_MAX_ROWS",
     "LIST_SESSIONS_LIMIT_MAX",
     "MAX_CAPABILITIES",
     "MAX_ID_CHARS",
     "MUTATING_COMMAND_TYPES",
-    "PROTOCOL_VERSION",
     "RECENT_EVENTS_MAX",
-    "SERVER_CAPABILITIES",
-    "STREAM_EVENT_TYPES",
     "TREE_PAGE_MAX_NODES",
     "USAGE_ROWS_LIMIT_MAX",
     "Abort",
@@ -108,9 +50,6 @@ __all__ = [
     "CompactionChoice",
     "CreateSession",
     "Detach",
-    "ErrorInfo",
-    "ErrorMessage",
-    "Event",
     "ExportSession",
     "Fork",
     "GetSession",
@@ -132,8 +71,6 @@ __all__ = [
     "RecordEvalResult",
     "Refine",
     "RefineRollback",
-    "Response",
-    "Resync",
     "SandboxControl",
     "SandboxInfo",
     "ScheduleAdd",
@@ -144,10 +81,8 @@ __all__ = [
     "SessionSettings",
     "SetModel",
     "Shutdown",
-    "Stream",
     "Tree",
     "WaitQuiet",
-    "Welcome",
     "client_message_adapter",
     "command_adapter",
     "command_fingerprint",

@@ -44,6 +44,15 @@ from orchestrator.api.framing import (
     encode_message,
 )
 from orchestrator.api.journal import JOURNAL_MAX_ENTRIES, JOURNAL_TTL_S, CommandJournal
+from orchestrator.api.messages import (
+    ErrorInfo,
+    ErrorMessage,
+    Event,
+    Response,
+    Resync,
+    Stream,
+    Welcome,
+)
 from orchestrator.api.outbox import (
     CLIENT_QUEUE_MAX_BYTES,
     CLIENT_QUEUE_MAX_MESSAGES,
@@ -52,9 +61,26 @@ from orchestrator.api.outbox import (
     Outbox,
 )
 from orchestrator.api.protocol import (
+    COMMAND_TYPES,
+    MAX_ID_CHARS,
+    Attach,
+    Command,
+    Detach,
+    Hello,
+    JsonObject,
+    command_adapter,
+    command_fingerprint,
+)
+from orchestrator.api.socket_file import (
+    check_socket_path,
+    default_socket_path,
+    remove_stale_socket,
+    take_lock,
+    unlink_if_same,
+)
+from orchestrator.api.wire import (
     CAP_EVENTS,
     CAP_STREAM,
-    COMMAND_TYPES,
     E_CONFLICT,
     E_HANDSHAKE_REQUIRED,
     E_HANDSHAKE_TIMEOUT,
@@ -66,32 +92,10 @@ from orchestrator.api.protocol import (
     E_SHUTTING_DOWN,
     E_UNKNOWN_COMMAND,
     E_VERSION_MISMATCH,
-    MAX_ID_CHARS,
     PROTOCOL_VERSION,
     SERVER_CAPABILITIES,
-    Attach,
-    Command,
-    Detach,
-    ErrorInfo,
-    ErrorMessage,
-    Event,
-    Hello,
-    JsonObject,
-    Response,
-    Resync,
-    Stream,
-    Welcome,
-    command_adapter,
-    command_fingerprint,
+    version_mismatch_message,
 )
-from orchestrator.api.socket_file import (
-    check_socket_path,
-    default_socket_path,
-    remove_stale_socket,
-    take_lock,
-    unlink_if_same,
-)
-from orchestrator.api.wire import version_mismatch_message
 from orchestrator.paths import CONTROL_SOCKET_FILE_NAME
 
 __all__ = [

@@ -17,8 +17,8 @@ import typer
 
 from orchestrator.api.client import request_sync
 from orchestrator.api.errors import ApiCommandError, ConnectionClosed
-from orchestrator.api.protocol import E_BUSY
 from orchestrator.api.server import default_socket_path
+from orchestrator.api.wire import E_BUSY
 from orchestrator.cli.autostart import (
     DAEMON_CONNECT_TIMEOUT_S,
     DAEMON_START_TIMEOUT_S,

@@ -16,10 +16,6 @@ from pydantic import ValidationError
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import (
-    E_BUSY,
-    E_CONFLICT,
-    E_INVALID_ARGUMENT,
-    E_NOT_FOUND,
     Autonomous,
     Goal,
     Heartbeat,
@@ -28,6 +24,7 @@ from orchestrator.api.protocol import (
     ScheduleCancel,
     ScheduleList,
 )
+from orchestrator.api.wire import E_BUSY, E_CONFLICT, E_INVALID_ARGUMENT, E_NOT_FOUND
 from orchestrator.control import schedule_service
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.control.goals import start_text

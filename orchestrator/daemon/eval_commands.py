@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import E_BUSY, E_INVALID_ARGUMENT, JsonObject, RecordEvalResult
+from orchestrator.api.protocol import JsonObject, RecordEvalResult
+from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import StoreError
 from orchestrator.store.db import SessionRecord

@@ -31,10 +31,6 @@ from pydantic import ValidationError
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.journal import JOURNAL_FILE_NAME
 from orchestrator.api.protocol import (
-    E_BUSY,
-    E_INVALID_ARGUMENT,
-    E_NOT_FOUND,
-    E_SHUTTING_DOWN,
     Abort,
     Attach,
     Autonomous,
@@ -75,6 +71,7 @@ from orchestrator.api.protocol import (
     WaitQuiet,
 )
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
+from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT, E_NOT_FOUND, E_SHUTTING_DOWN
 from orchestrator.control.autonomous import AutonomousPolicy
 from orchestrator.daemon import (
     control_commands,

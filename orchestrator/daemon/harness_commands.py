@@ -22,10 +22,6 @@ from typing import Any, Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import (
-    E_BUSY,
-    E_CONFLICT,
-    E_INVALID_ARGUMENT,
-    E_NOT_FOUND,
     HarnessAccept,
     HarnessEdit,
     HarnessList,
@@ -36,6 +32,7 @@ from orchestrator.api.protocol import (
     RefineRollback,
     SetModel,
 )
+from orchestrator.api.wire import E_BUSY, E_CONFLICT, E_INVALID_ARGUMENT, E_NOT_FOUND
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import HarnessError, UserError
 from orchestrator.harness.outcome import outcome_line

@@ -16,7 +16,8 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import E_INVALID_ARGUMENT, SessionSettings
+from orchestrator.api.protocol import SessionSettings
+from orchestrator.api.wire import E_INVALID_ARGUMENT
 from orchestrator.session_specs import StoredCompaction, StoredRunSettings
 from orchestrator.settings import MIB, ModelConfig, Settings
 

@@ -28,7 +28,8 @@ from datetime import UTC, datetime
 from typing import Final
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import E_BUSY, JsonObject, SandboxControl
+from orchestrator.api.protocol import JsonObject, SandboxControl
+from orchestrator.api.wire import E_BUSY
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.daemon.tree_commands import quiet_family
 from orchestrator.errors import SandboxError, SandboxStartError, UserError

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import E_BUSY, STREAM_EVENT_TYPES
 from orchestrator.api.server import ControlServer, default_socket_path
+from orchestrator.api.wire import E_BUSY, STREAM_EVENT_TYPES
 from orchestrator.daemon.backends import DaemonBackends
 from orchestrator.daemon.bus import DaemonBus, daemon_bus
 from orchestrator.daemon.config_watch import ConfigWatch, restart_notice

@@ -16,16 +16,8 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import (
-    E_BUSY,
-    E_INVALID_ARGUMENT,
-    Branch,
-    Clone,
-    Fork,
-    ImportSession,
-    JsonObject,
-    Tree,
-)
+from orchestrator.api.protocol import Branch, Clone, Fork, ImportSession, JsonObject, Tree
+from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import UserError
 from orchestrator.models.registry import resolve_model

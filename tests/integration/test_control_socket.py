@@ -30,26 +30,21 @@ from orchestrator.api.errors import (
     SocketPathError,
 )
 from orchestrator.api.framing import MAX_LINE_BYTES
-from orchestrator.api.protocol import (
-    CAP_STREAM,
-    CLIENT_CAPABILITIES,
-    COMMAND_TYPES,
-    ERROR_CODES,
-    PROTOCOL_VERSION,
-    SERVER_CAPABILITIES,
-    Command,
-    CreateSession,
-    Event,
-    Resync,
-    Stream,
-    server_message_adapter,
-)
+from orchestrator.api.messages import Event, Resync, Stream
+from orchestrator.api.protocol import COMMAND_TYPES, Command, CreateSession, server_message_adapter
 from orchestrator.api.server import (
     SOCKET_FILE_NAME,
     ClientInfo,
     CommandHandler,
     ControlServer,
     SessionSnapshot,
+)
+from orchestrator.api.wire import (
+    CAP_STREAM,
+    CLIENT_CAPABILITIES,
+    ERROR_CODES,
+    PROTOCOL_VERSION,
+    SERVER_CAPABILITIES,
 )
 from orchestrator.errors import UserError
 

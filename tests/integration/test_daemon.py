@@ -21,7 +21,8 @@ import pytest
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.framing import MAX_LINE_BYTES
-from orchestrator.api.protocol import Attach, Event
+from orchestrator.api.messages import Event
+from orchestrator.api.protocol import Attach
 from orchestrator.api.server import ClientInfo, default_socket_path
 from orchestrator.daemon.handler import ATTACH_REPLAY_MAX_EVENTS, DaemonControl, DaemonHandler
 from orchestrator.ids import new_session_id

@@ -22,7 +22,8 @@ import pytest
 
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.protocol import CAP_STREAM, CLIENT_CAPABILITIES, Event, Resync, Stream
+from orchestrator.api.messages import Event, Resync, Stream
+from orchestrator.api.wire import CAP_STREAM, CLIENT_CAPABILITIES
 from orchestrator.cli.usage import paged_rows
 from orchestrator.sandbox.base import SANDBOX_LOG_TAIL_LINES
 from orchestrator.testing import FakeModelServer

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event
+from orchestrator.api.messages import Event
 from orchestrator.errors import ApiError
 from orchestrator.testing import FakeModelServer
 from tests.helpers import pids_alive, wait_until, write_config

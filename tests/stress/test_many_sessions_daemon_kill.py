@@ -26,7 +26,7 @@ from typing import Any, Final
 import pytest
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event
+from orchestrator.api.messages import Event
 from orchestrator.testing import FakeModelServer
 from tests.helpers import write_config
 from tests.integration.test_r1_daemon import (

@@ -15,30 +15,33 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from orchestrator.api import framing, protocol
+from orchestrator.api import framing, protocol, wire
 from orchestrator.api.framing import LINE_TOO_LONG, FrameError, LineReader, decode_line
 from orchestrator.api.journal import CommandJournal
-from orchestrator.api.messages import decode_server_message
-from orchestrator.api.outbox import STREAM_FILL_FRACTION, Item, ItemKind, Outbox
-from orchestrator.api.protocol import (
-    COMMAND_TYPES,
-    MUTATING_COMMAND_TYPES,
-    PROTOCOL_VERSION,
-    CreateSession,
+from orchestrator.api.messages import (
     ErrorInfo,
+    ErrorMessage,
     Event,
-    Hello,
-    Ping,
-    Prompt,
     Response,
     Resync,
     Stream,
     Welcome,
+    decode_server_message,
+)
+from orchestrator.api.outbox import STREAM_FILL_FRACTION, Item, ItemKind, Outbox
+from orchestrator.api.protocol import (
+    COMMAND_TYPES,
+    MUTATING_COMMAND_TYPES,
+    CreateSession,
+    Hello,
+    Ping,
+    Prompt,
     client_message_adapter,
     command_adapter,
     command_fingerprint,
     server_message_adapter,
 )
+from orchestrator.api.wire import PROTOCOL_VERSION
 
 DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 VERSION_LINE = re.compile(r"^Protocol version: (\d+)$", re.MULTILINE)
@@ -118,7 +121,7 @@ def test_docs_page_states_the_protocol_version() -> None:
 
 def test_docs_page_lists_every_command_and_error_code() -> None:
     text = DOCS_PAGE.read_text()
-    for name in sorted(COMMAND_TYPES | protocol.ERROR_CODES):
+    for name in sorted(COMMAND_TYPES | wire.ERROR_CODES):
         assert f"`{name}`" in text, name
 
 
@@ -175,7 +178,7 @@ def test_server_messages_round_trip_and_ignore_additions() -> None:
         Event(session="s", cursor=3, event={"kind": "x"}),
         Resync(session="s", cursor=3, snapshot={"k": 1}),
         Stream(session="s", event={"type": "text_delta", "session_id": "s", "delta": "he"}),
-        protocol.ErrorMessage(code="parse_error", message="bad"),
+        ErrorMessage(code="parse_error", message="bad"),
     ]
     for message in messages:
         data = json.loads(framing.encode_message(message))
@@ -311,7 +314,7 @@ def test_decode_line_never_raises_anything_else(data: bytes) -> None:
     try:
         value = decode_line(data)
     except FrameError as exc:
-        assert exc.code == protocol.E_PARSE_ERROR
+        assert exc.code == wire.E_PARSE_ERROR
     else:
         assert isinstance(value, dict)
 
@@ -327,7 +330,7 @@ def test_encode_refuses_oversize() -> None:
         framing.encode_message(
             Response(command_id="1", ok=True, result="x" * 100), max_line_bytes=50
         )
-    assert info.value.code == protocol.E_RESULT_TOO_LARGE
+    assert info.value.code == wire.E_RESULT_TOO_LARGE
 
 
 # ------------------------------------------------------------------------------ outbox
@@ -359,9 +362,9 @@ def test_outbox_overflow_becomes_resync_then_disconnect() -> None:
 
 
 def test_stream_capability_is_opt_in() -> None:
-    assert protocol.CAP_STREAM in protocol.SERVER_CAPABILITIES
-    assert protocol.CAP_STREAM not in protocol.CLIENT_CAPABILITIES
-    assert {"text_delta", "tool_start", "compaction_start"} == protocol.STREAM_EVENT_TYPES
+    assert wire.CAP_STREAM in wire.SERVER_CAPABILITIES
+    assert wire.CAP_STREAM not in wire.CLIENT_CAPABILITIES
+    assert {"text_delta", "tool_start", "compaction_start"} == wire.STREAM_EVENT_TYPES
 
 
 @pytest.mark.parametrize(

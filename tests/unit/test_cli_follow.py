@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any, cast
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.protocol import Event, Resync
+from orchestrator.api.messages import Event, Resync
 from orchestrator.cli.follow import Follower
 from orchestrator.cli.render import RENDER_MAX_LINES, render_event
 

@@ -15,7 +15,7 @@ import pytest
 import orchestrator
 from orchestrator import errors as errors_module
 from orchestrator.api import errors as api_errors
-from orchestrator.api import protocol as api_protocol
+from orchestrator.api import wire as api_wire
 from orchestrator.runtime import errors as kernel_errors
 from orchestrator.runtime import wire
 
@@ -166,7 +166,7 @@ def test_the_drawing_shows_each_class_under_its_base() -> None:
 
 
 def test_every_control_api_error_code_maps_to_a_class() -> None:
-    assert set(api_errors.WIRE_ERROR_CLASSES) == set(api_protocol.ERROR_CODES)
+    assert set(api_errors.WIRE_ERROR_CLASSES) == set(api_wire.ERROR_CODES)
     for code, cls in api_errors.WIRE_ERROR_CLASSES.items():
         assert issubclass(cls, errors_module.ApiError)
         error = api_errors.error_from_wire(code, "said")
@@ -185,7 +185,7 @@ def test_every_code_the_daemon_sends_is_a_wire_code() -> None:
     named = {name for path in sources for name in re.findall(r"\bE_[A-Z_]+\b", path.read_text())}
     assert named, "the daemon names its codes"
     for name in sorted(named):
-        assert getattr(api_protocol, name) in api_protocol.ERROR_CODES, name
+        assert getattr(api_wire, name) in api_wire.ERROR_CODES, name
 
 
 def test_host_codes_on_the_tree_are_wire_codes_the_kernel_knows() -> None:

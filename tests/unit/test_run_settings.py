@@ -129,12 +129,12 @@ async def test_run_settings_are_stored_with_the_session(tmp_path: Path) -> None:
 def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
     """api/protocol.py keeps its own copies so clients load neither settings nor specs."""
     from orchestrator import session_specs, settings
-    from orchestrator.api import protocol
+    from orchestrator.api import protocol, wire
 
     assert protocol.KEY_ENV_NAME_PATTERN == session_specs.ENV_NAME_PATTERN
     assert protocol.SANDBOX_MEMORY_MIN_MIB == settings.SANDBOX_MEMORY_MIN_MIB
     # The lean -p client sends it when config.toml sets no family_wait_timeout_s.
-    assert protocol.WAIT_QUIET_DEFAULT_S == settings.FAMILY_WAIT_TIMEOUT_S
+    assert wire.WAIT_QUIET_DEFAULT_S == settings.FAMILY_WAIT_TIMEOUT_S
 
 
 def test_a_lower_case_key_variable_a_config_accepts_the_protocol_accepts() -> None:
