@@ -122,6 +122,22 @@ def daemon_for_run(own_bus: bool, early: subprocess.Popen[bytes] | None = None) 
     return not own_bus and ensure_daemon()
 
 
+def _daemon_for_run(
+    own_bus: bool, early: subprocess.Popen[bytes] | None, paths: Paths, *, checked: bool
+) -> bool:
+    """``daemon_for_run``; when the daemon does not start and config.toml was only peeked at
+    (not ``checked``), the settings loader reads it: a bad file, which is what stops a daemon
+    at its start, is then reported as it always was, not as the daemon's failure."""
+    from orchestrator.cli.autostart import DaemonStartError
+
+    try:
+        return daemon_for_run(own_bus, early)
+    except DaemonStartError:
+        if not checked:
+            _full_settings(paths)  # ConfigError when the file is what is wrong
+        raise
+
+
 def _full_settings(paths: Paths) -> Settings:
     """config.toml through the settings models: what an in-process run needs."""
     from orchestrator.settings import load_settings
@@ -161,7 +177,7 @@ def run_print(
         config = ClientConfig.from_settings(settings)
     sandbox_options = {"workspace": workspace, "image": image}
     sandbox_options = {k: v for k, v in sandbox_options.items() if v is not None}
-    if not no_daemon and daemon_for_run(own_bus, early):
+    if not no_daemon and _daemon_for_run(own_bus, early, paths, checked=settings is not None):
         if own_bus:
             raise UserError(
                 "--nats-url: a running daemon uses the bus from its config.toml; "

@@ -15,8 +15,10 @@ from orchestrator.cli.autostart import (
     spawn_early,
     start_daemon,
 )
+from orchestrator.errors import ConfigError
 from orchestrator.paths import Paths, ensure_private_dir
-from tests.helpers import write_config
+from orchestrator.settings import load_settings
+from tests.helpers import cli, write_config
 
 DAEMON_STOP_TIMEOUT_S = 60.0
 
@@ -58,6 +60,21 @@ def test_a_daemon_that_cannot_start_is_one_line_from_its_log(
     message = str(failed.value)
     assert message.startswith("the daemon did not start: ")
     assert "warm_pool_size" in message and "\n" not in message
+
+
+def test_print_mode_reports_a_bad_config_as_the_settings_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The lean -p client peeks at config.toml without the settings models; the daemon it
+    spawns refuses a file bad elsewhere, and the run says so in the settings loader's line."""
+    monkeypatch.setenv(AUTOSTART_ENV, "1")
+    path = write_config("warm_pool_size = -1\n")
+    with pytest.raises(ConfigError) as expected:
+        load_settings(path)
+    run = cli(
+        ["-p", "hi", "--model", "openai/x", "--api-base", "http://127.0.0.1:9/v1"], cwd=tmp_path
+    )
+    assert (run.returncode, run.stderr) == (2, f"prime-agent: error: {expected.value}\n")
 
 
 def test_start_waits_for_ready_and_a_second_start_finds_it(tmp_path: Path) -> None:
