@@ -64,10 +64,10 @@ WARM_TARGET_S: Final = 0.5  # issue 18: -p with the daemon running, spawn → ex
 CLIENT_MODULES: Final = (
     "orchestrator.cli.entry",
     "orchestrator.cli.autostart",
+    "orchestrator.cli.client_config",
     "orchestrator.cli.print_run",
     "orchestrator.cli.via_daemon",
-    "orchestrator.settings",
-    "orchestrator.models.registry",
+    "orchestrator.model_names",
 )
 ANSWER = "Hello from the fake model."
 SCRIPT = f"repeat forever:\n    text: {ANSWER}\n"
