@@ -13,8 +13,11 @@ pytestmark = pytest.mark.stress
 
 STRESS_ITERATIONS = 200
 STRESS_SEED = 1129
+# 200 runs of a few seconds each: the suite's default per-test timeout (120 s) cut it short.
+STRESS_TIMEOUT_S = 4 * 3600
 
 
+@pytest.mark.timeout(STRESS_TIMEOUT_S)
 def test_sigkill_stress() -> None:
     rng = random.Random(STRESS_SEED)
     print(f"seed {STRESS_SEED}")
