@@ -330,15 +330,19 @@ class _StubDaemon:
         return None
 
 
-async def _replays() -> None:
+def _stub_handler(store: Store) -> tuple[DaemonHandler, Orchestrator]:
+    """A handler over ``store`` with an orchestrator that starts no sandbox."""
     from orchestrator.sandbox.local import LocalBackend
 
-    paths = Paths.from_env()
-    async with await Store.open(paths.database_file) as store:
-        orch = Orchestrator(
-            store=store, backend=LocalBackend(pool_size=0), settings=Settings(), paths=paths
-        )
-        handler = DaemonHandler(cast(DaemonControl, _StubDaemon(store, orch)))
+    orch = Orchestrator(
+        store=store, backend=LocalBackend(pool_size=0), settings=Settings(), paths=Paths.from_env()
+    )
+    return DaemonHandler(cast(DaemonControl, _StubDaemon(store, orch))), orch
+
+
+async def _replays() -> None:
+    async with await Store.open(Paths.from_env().database_file) as store:
+        handler, _ = _stub_handler(store)
         client = ClientInfo(conn_id=1, pid=None, uid=None, gid=None, client_id="t")
 
         async def session(name: str, texts: list[str]) -> str:
@@ -409,14 +413,8 @@ def test_print_mode_goes_through_a_running_daemon(daemon: int, model: FakeModelS
 
 
 async def _live_lookups() -> None:
-    from orchestrator.sandbox.local import LocalBackend
-
-    paths = Paths.from_env()
-    async with await Store.open(paths.database_file) as store:
-        orch = Orchestrator(
-            store=store, backend=LocalBackend(pool_size=0), settings=Settings(), paths=paths
-        )
-        handler = DaemonHandler(cast(DaemonControl, _StubDaemon(store, orch)))
+    async with await Store.open(Paths.from_env().database_file) as store:
+        handler, orch = _stub_handler(store)
         rec = SessionRecord(id=new_session_id(), root_id="", cwd="/", model="m", backend="local")
         rec = SessionRecord(**{**rec.__dict__, "root_id": rec.id})
         await store.create_session(rec)
