@@ -252,6 +252,22 @@ WHERE sessions.id = u.id
 _UPDATE_ONE_LEAF = "UPDATE sessions SET leaf_event_id = $2, updated_at = $3 WHERE id = $1"
 
 
+def _atomically(
+    con: duckdb.DuckDBPyConnection, fn: Callable[[duckdb.DuckDBPyConnection], _T]
+) -> _T:
+    """``fn(con)`` in one transaction: all of its writes commit, or none."""
+    con.begin()
+    try:
+        result = fn(con)
+        con.commit()
+    except BaseException:
+        # The failure may already have aborted the transaction.
+        with contextlib.suppress(duckdb.Error):
+            con.rollback()
+        raise
+    return result
+
+
 def _write_rows(
     con: duckdb.DuckDBPyConnection, rows: list[tuple[LoggedRow, UsagePayload | None]]
 ) -> None:
@@ -342,7 +358,6 @@ class Store:
         self._failed_commits = 0
         self._largest_batch = 0
         self._ingests = 0
-        self._pending = 0
         self._calls = 0
         self._thread = threading.Thread(target=self._run, name=WRITER_THREAD_NAME, daemon=True)
 
@@ -421,7 +436,7 @@ class Store:
                 largest_batch=self._largest_batch,
                 queued=self._queue.qsize(),
                 ingests=self._ingests,
-                pending=self._pending,
+                pending=len(self._unflushed),  # one read of a list's length: no lock needed
                 calls=self._calls,
             )
 
@@ -564,18 +579,11 @@ class Store:
         fn: Callable[[duckdb.DuckDBPyConnection], _T],
         sessions: tuple[str, ...],
     ) -> _T:
-        con.begin()
         try:
-            result = fn(con)
-            con.commit()
-        except BaseException:
-            with contextlib.suppress(duckdb.Error):
-                con.rollback()
-            raise
+            return _atomically(con, fn)
         finally:
             for session_id in sessions:
                 self._sessions.pop(session_id, None)
-        return result
 
     # -- sandboxes (adopted by the next daemon: orchestrator/sessions/adoption.py) ---------------
 
@@ -802,21 +810,13 @@ class Store:
                     usage = UsagePayload.model_validate_json(row.payload_json)
                 rows.append((row, usage))
             if rows:
-                con.begin()
-                try:
-                    _write_rows(con, rows)
-                    con.commit()
-                except BaseException:
-                    with contextlib.suppress(duckdb.Error):
-                        con.rollback()
-                    raise
+                _atomically(con, lambda c: _write_rows(c, rows))
         try:
             self._log.clear()
         except OSError as exc:
             raise _store_error(f"cannot empty the commit log of {self._path}: {exc}", exc) from exc
         self._unflushed.clear()
         self._unflushed_bytes = 0
-        self._set_pending()
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if self._con is None:
@@ -930,7 +930,6 @@ class Store:
             self._commits += 1
             self._rows += len(accepted)
             self._largest_batch = max(self._largest_batch, len(accepted))
-            self._pending = len(self._unflushed)
         _settle_all([(req, record, None) for req, record, _ in accepted])
 
     def _try_ingest(self) -> bool:
@@ -942,30 +941,19 @@ class Store:
             con = self._connection()
             if not self._unflushed:
                 return True  # reopening replayed them
-            con.begin()
-            try:
-                _write_rows(con, self._unflushed)
-                con.commit()
-            except BaseException:
-                with contextlib.suppress(duckdb.Error):
-                    con.rollback()
-                raise
+            _atomically(con, lambda c: _write_rows(c, self._unflushed))
         except (duckdb.Error, OSError, PrimeAgentError) as exc:
             self._last_ingest_error = _one_line(exc)
             self._recover()  # a reopen replays the log, which also settles the rows
             return not self._unflushed
         self._unflushed.clear()
         self._unflushed_bytes = 0
-        self._set_pending(ingested=True)
+        with self._stats_lock:
+            self._ingests += 1
         assert self._log is not None
         with contextlib.suppress(OSError):  # the lines are in the tables; a replay skips them
             self._log.clear()
         return True
-
-    def _set_pending(self, *, ingested: bool = False) -> None:
-        with self._stats_lock:
-            self._pending = len(self._unflushed)
-            self._ingests += ingested
 
     def _insert_session(
         self, con: duckdb.DuckDBPyConnection, record: SessionRecord
