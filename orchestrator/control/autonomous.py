@@ -293,7 +293,7 @@ class Autonomy:
         return await self._store.transaction(lambda con: upsert_autonomy(con, row))
 
     async def get(self, session_id: str) -> AutonomyRow | None:
-        return await self._store.read(lambda con: select_autonomy(con, session_id))
+        return await self._store.read_side(lambda con: select_autonomy(con, session_id))
 
     async def disable(self, session_id: str) -> AutonomyRow | None:
         """Turn it off (the row stays, for status); ``after_turn`` returns None from now on."""

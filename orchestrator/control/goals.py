@@ -264,7 +264,7 @@ class Goals:
 
     async def current(self, session_id: str) -> GoalRow | None:
         """The session's open goal (active, paused or budget_limited), or None."""
-        return await self.store.read(lambda con: goal_store.select_current(con, session_id))
+        return await self.store.read_side(lambda con: goal_store.select_current(con, session_id))
 
     async def history(self, session_id: str, limit: int = GOAL_HISTORY_LIMIT) -> list[GoalRow]:
         """The session's newest ``limit`` goals, newest first."""

@@ -659,7 +659,7 @@ class Refiner:
         async with self._apply_lock:
             # One read says whether there is anything to do: most boundaries of most sessions
             # have nothing planned and nothing to measure, and then cost this one round trip.
-            planned, stale, due = await self._store.read(
+            planned, stale, due = await self._store.read_side(
                 lambda con: (
                     _ids_with_status(con, session_id, "planned"),
                     _ids_with_status(con, session_id, "planning"),

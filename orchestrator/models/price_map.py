@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import threading
 from pathlib import Path
 from typing import Any, Final
 
@@ -19,6 +20,10 @@ __all__ = ["PRICE_MAP_FILE", "model_entry", "price_map_path"]
 
 PRICE_MAP_FILE: Final = "model_prices_and_context_window_backup.json"
 PRICE_MAP_PACKAGE: Final = "litellm"
+
+# Sessions starting together each look their model up on a thread; ``functools.cache`` alone
+# would let every one of them miss and read the ~1 MB file (20 sessions: ~0.6 s of CPU).
+_reading: Final = threading.Lock()
 
 
 def price_map_path() -> Path | None:
@@ -30,8 +35,13 @@ def price_map_path() -> Path | None:
     return None
 
 
-@functools.cache
 def _table() -> dict[str, Any]:
+    with _reading:  # the first caller reads; the others wait for it and share its table
+        return _read_table()
+
+
+@functools.cache
+def _read_table() -> dict[str, Any]:
     path = price_map_path()
     if path is None:
         return {}

@@ -780,7 +780,7 @@ class Orchestrator:
         """Write a change of a loaded session to its row and announce it. The write is best
         effort: while the session is loaded its live state is the one that counts."""
         with contextlib.suppress(Exception):
-            await self.store.update_session(moved.session_id, status=moved.new)
+            await self.store.set_status(moved.session_id, moved.new)
         await self._changed_notify(moved)
 
     async def _set_state(self, live: LiveSession, new: SessionStatus, why: Cause) -> Transition:
@@ -794,7 +794,7 @@ class Orchestrator:
         """Change the state of a session that is not loaded, from its row's: checked, written
         (a failed write raises) and announced."""
         moved = transition(record.id, record.status, new, why)
-        await self.store.update_session(record.id, status=new)
+        await self.store.set_status(record.id, new)
         await self._changed_notify(moved)
         return moved
 

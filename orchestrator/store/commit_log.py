@@ -10,7 +10,10 @@ replays (``read``); replaying is idempotent because ``seq`` is per session and c
 
 File format, one batch per line: ``<crc32 as 8 hex digits> <JSON array of rows>\\n``. A line
 whose checksum or shape is wrong is a torn write that nobody was told about (its fdatasync never
-returned) and is skipped. Rows carry everything the INSERTs need, the payload as JSON text.
+returned) and is skipped. An event row (a JSON array) carries everything the INSERTs need, the
+payload as JSON text; a status row (a JSON object) is a loaded session's new lifecycle state
+(``Store.set_status``), which a turn changes twice and which therefore rides the same cheap
+commit instead of a DuckDB transaction of its own.
 
 Invariant (``_good_size``): the first ``_good_size`` bytes of the file are whole, checksummed
 lines, every one acknowledged; each new line is written at exactly that offset, so the bytes
@@ -32,7 +35,9 @@ from typing import Any, Final
 __all__ = [
     "COMMIT_LOG_SUFFIX",
     "CommitLog",
+    "LoggedEntry",
     "LoggedRow",
+    "LoggedStatus",
     "commit_log_path",
     "has_pending",
 ]
@@ -43,6 +48,7 @@ COMMIT_LOG_SUFFIX: Final = ".commits"
 COMMIT_LOG_FILE_MODE: Final = 0o600
 _CRC_HEX_DIGITS: Final = 8
 _ROW_FIELDS: Final = 8
+_STATUS_FIELDS: Final = frozenset({"session_id", "status", "ts"})
 
 
 def commit_log_path(database: Path) -> Path:
@@ -92,13 +98,49 @@ class LoggedRow:
         return cls(session_id, root_id, seq, event_id, parent, type_, stamp, payload)
 
 
-def _line(rows: list[LoggedRow]) -> bytes:
+@dataclass(frozen=True)
+class LoggedStatus:
+    """A session's new ``status``, as the commit log holds it until it is in the tables.
+
+    Applied only over an older row (``updated_at <= ts``): a status line replayed after a
+    direct ``update_session`` (possible only when emptying the log failed) does not undo it.
+    """
+
+    session_id: str
+    status: str
+    ts: datetime  # naive UTC, as the tables store it
+
+    def encode(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "status": self.status, "ts": self.ts.isoformat()}
+
+    @classmethod
+    def decode(cls, row: Any) -> LoggedStatus | None:
+        """The status change, or ``None`` when it is not one (a damaged line)."""
+        if not isinstance(row, dict) or set(row) != _STATUS_FIELDS:
+            return None
+        session_id, status, ts = row["session_id"], row["status"], row["ts"]
+        if not all(isinstance(s, str) for s in (session_id, status, ts)):
+            return None
+        try:
+            return cls(session_id, status, datetime.fromisoformat(ts))
+        except ValueError:
+            return None
+
+
+LoggedEntry = LoggedRow | LoggedStatus
+
+
+def _decode(row: Any) -> LoggedEntry | None:
+    return LoggedStatus.decode(row) if isinstance(row, dict) else LoggedRow.decode(row)
+
+
+def _line(rows: list[LoggedEntry]) -> bytes:
     body = json.dumps([r.encode() for r in rows], ensure_ascii=False, separators=(",", ":"))
     data = body.encode("utf-8")
     return b"%08x %s\n" % (zlib.crc32(data), data)
 
 
-def _parse(line: bytes) -> list[LoggedRow] | None:
+def _parse(line: bytes) -> list[LoggedEntry] | None:
     head, _, data = line.partition(b" ")
     if len(head) != _CRC_HEX_DIGITS:
         return None
@@ -110,7 +152,7 @@ def _parse(line: bytes) -> list[LoggedRow] | None:
         return None
     if not isinstance(rows, list):
         return None
-    decoded = [LoggedRow.decode(r) for r in rows]
+    decoded = [_decode(r) for r in rows]
     if any(r is None for r in decoded):
         return None
     return [r for r in decoded if r is not None]
@@ -133,7 +175,7 @@ class CommitLog:
     def size(self) -> int:
         return self._good_size
 
-    def read(self) -> list[list[LoggedRow]]:
+    def read(self) -> list[list[LoggedEntry]]:
         """Every whole batch in the file, oldest first; damaged lines are left out."""
         with open(self.path, "rb") as f:
             data = f.read()
@@ -144,7 +186,9 @@ class CommitLog:
                 batches.append(rows)
         return batches
 
-    def append(self, rows: list[LoggedRow], before_sync: Callable[[], None] | None = None) -> None:
+    def append(
+        self, rows: list[LoggedEntry], before_sync: Callable[[], None] | None = None
+    ) -> None:
         """Write one batch and fdatasync it; on return it is durable. Raises ``OSError``."""
         line = _line(rows)
         offset = self._good_size

@@ -46,7 +46,14 @@ from orchestrator.errors import PrimeAgentError, StoreError, StoreLocked
 from orchestrator.ids import new_event_id, validate_session_id
 from orchestrator.paths import ensure_private_dir
 from orchestrator.store import queries, sandboxes
-from orchestrator.store.commit_log import CommitLog, LoggedRow, commit_log_path, has_pending
+from orchestrator.store.commit_log import (
+    CommitLog,
+    LoggedEntry,
+    LoggedRow,
+    LoggedStatus,
+    commit_log_path,
+    has_pending,
+)
 from orchestrator.store.events import EVENT_PAYLOADS, EventType, UsagePayload
 from orchestrator.store.leaves import repair_leaves
 from orchestrator.store.migrate import check_readable, migrate
@@ -69,6 +76,7 @@ from orchestrator.store.queries import (
     SESSION_STATUSES,
     EventRecord,
     SessionRecord,
+    SessionStatus,
     UsageSummary,
     to_db_ts,
     utcnow,
@@ -82,6 +90,7 @@ __all__ = [
     "INGEST_DELAY_S",
     "INGEST_MAX_BYTES",
     "INGEST_MAX_ROWS",
+    "LOGGED_TABLES",
     "UPDATABLE_SESSION_FIELDS",
     "EventRecord",
     "SessionRecord",
@@ -153,6 +162,9 @@ class _Job:
 @dataclass
 class _Call(_Job):
     fn: Callable[[], Any]
+    # False for a read of tables the commit log never writes (``read_side``): it runs without
+    # first moving committed rows into the tables.
+    needs_logged_rows: bool = True
 
 
 @dataclass
@@ -163,6 +175,17 @@ class _Append(_Job):
     payload_json: str
     usage: UsagePayload | None
     parent: str | _Leaf | None
+
+
+@dataclass
+class _StatusChange(_Job):
+    """``set_status``: committed with the appends around it, applied to the row at ingest."""
+
+    session_id: str
+    status: str
+
+
+_Logged = _Append | _StatusChange  # the jobs that commit to the log and ride one batch
 
 
 @dataclass
@@ -250,6 +273,21 @@ WHERE sessions.id = u.id
 # The common case (one session in the batch) as a plain UPDATE: measured about half the cost of
 # the join form above (1.0 ms vs 1.8 ms per statement).
 _UPDATE_ONE_LEAF = "UPDATE sessions SET leaf_event_id = $2, updated_at = $3 WHERE id = $1"
+# The tables the commit log writes: a read of any other may skip the ingest (Store.read_side).
+LOGGED_TABLES: Final = ("events", "usage", "sessions")
+# Logged status changes (LoggedStatus): only over an older row, so a stale replayed line never
+# undoes a later direct update_session.
+_UPDATE_STATUSES = """
+UPDATE sessions SET status = u.status, updated_at = u.ts
+FROM (SELECT unnest($1::VARCHAR[]) AS id, unnest($2::VARCHAR[]) AS status,
+             unnest($3::TIMESTAMP[]) AS ts) AS u
+WHERE sessions.id = u.id AND sessions.updated_at <= u.ts
+"""
+_UPDATE_ONE_STATUS = (
+    "UPDATE sessions SET status = $2, updated_at = $3 WHERE id = $1 AND updated_at <= $3"
+)
+
+_Unflushed = list[tuple[LoggedEntry, UsagePayload | None]]
 
 
 def _atomically(
@@ -268,10 +306,27 @@ def _atomically(
     return result
 
 
-def _write_rows(
+def _write_rows(con: duckdb.DuckDBPyConnection, entries: _Unflushed) -> None:
+    """Apply committed status changes (each session's last), then insert committed rows, their
+    usage rows, and each session's new leaf (its last row)."""
+    statuses = {e.session_id: e for e, _ in entries if isinstance(e, LoggedStatus)}
+    if len(statuses) == 1:
+        (one,) = statuses.values()
+        con.execute(_UPDATE_ONE_STATUS, [one.session_id, one.status, one.ts])
+    elif statuses:
+        ids = sorted(statuses)
+        con.execute(
+            _UPDATE_STATUSES,
+            [ids, [statuses[i].status for i in ids], [statuses[i].ts for i in ids]],
+        )
+    rows = [(e, u) for e, u in entries if isinstance(e, LoggedRow)]
+    if rows:
+        _insert_rows(con, rows)
+
+
+def _insert_rows(
     con: duckdb.DuckDBPyConnection, rows: list[tuple[LoggedRow, UsagePayload | None]]
 ) -> None:
-    """Insert committed rows, their usage rows, and each session's new leaf (its last row)."""
     # One Python list per column: DuckDB's fastest insert path from Python (docs/store.md,
     # "Appends and group commit").
     con.execute(
@@ -335,7 +390,7 @@ class Store:
         self._submit_lock = threading.Lock()
         # Appends submitted during this loop iteration, not yet queued (``_submit``). Invariant:
         # non-empty only while a ``_release`` callback is scheduled on the first one's loop.
-        self._held: list[_Append] = []
+        self._held: list[_Logged] = []
         self._closing = False
         self._done = threading.Event()
         # Writer-thread state: nothing below is touched from the loop.
@@ -346,7 +401,7 @@ class Store:
         # Rows committed to the log and not yet in the tables, in commit order, with the usage
         # row each one adds. Invariant: each row's session is in ``_sessions`` (its counters are
         # ahead of the tables), or ``_con`` is None and the next ``_connect`` replays the log.
-        self._unflushed: list[tuple[LoggedRow, UsagePayload | None]] = []
+        self._unflushed: _Unflushed = []
         self._unflushed_bytes = 0
         self._unflushed_since = 0.0  # monotonic time of the oldest row in _unflushed
         # Test seam: called after a batch is written to the commit log, before its fdatasync;
@@ -469,6 +524,22 @@ class Store:
             raise ValueError(f"unknown session status {fields['status']!r}")
         return await self._call(lambda con: self._update_session(con, session_id, fields))
 
+    async def set_status(self, session_id: str, status: SessionStatus) -> None:
+        """Set a session's ``status``; return once it is committed (R1).
+
+        The cheap way for a loaded session's state changes (two per turn): the change commits
+        to the commit log with the appends around it and reaches the row at the next ingest,
+        before any read, instead of costing a DuckDB transaction (and an early ingest) of its
+        own. ``StoreError`` for an unknown session.
+        """
+        self._check_writable()
+        if status not in SESSION_STATUSES:
+            raise ValueError(f"unknown session status {status!r}")
+        loop = asyncio.get_running_loop()
+        job = _StatusChange(loop, loop.create_future(), session_id, status)
+        self._submit(job)
+        await job.future
+
     async def get_session(self, session_id: str) -> SessionRecord | None:
         return await self._call(lambda con: queries.select_session(con, session_id))
 
@@ -562,6 +633,18 @@ class Store:
         modules outside this file (``context_queries``) read. ``fn`` must not write."""
         return await self._call(fn)
 
+    async def read_side(self, fn: Callable[[duckdb.DuckDBPyConnection], _T]) -> _T:
+        """``read`` for a table the commit log never writes (``LOGGED_TABLES`` are the ones it
+        does): goals, autonomy, refinements... It skips the ingest that every other job waits
+        for, so a turn's end, which checks those tables, no longer forces the rows of its last
+        step into DuckDB one session at a time. ``fn`` must neither write nor read a logged
+        table (it would miss committed rows still in the log)."""
+        loop = asyncio.get_running_loop()
+        job = _Call(loop, loop.create_future(), lambda: fn(self._connection()), False)
+        self._submit(job)
+        result: _T = await job.future
+        return result
+
     async def transaction(
         self, fn: Callable[[duckdb.DuckDBPyConnection], _T], *, sessions: tuple[str, ...] = ()
     ) -> _T:
@@ -617,7 +700,7 @@ class Store:
         with self._submit_lock:
             if self._closing:
                 raise StoreError(f"database {self._path} is closed")
-            if isinstance(job, _Append):
+            if isinstance(job, _Logged):
                 # Held until the loop's current iteration ends, so appends made together (a
                 # step's assistant_message and usage, several sessions' steps) reach the writer
                 # together and commit in one transaction.
@@ -659,11 +742,11 @@ class Store:
                 self._finish(job)
                 return
             if isinstance(job, _Call):
-                if self._flush_for(job):
+                if not job.needs_logged_rows or self._flush_for(job):
                     self._run_call(job)
                 continue
-            assert isinstance(job, _Append)
-            batch = [job]
+            assert isinstance(job, _Logged)
+            batch: list[_Logged] = [job]
             carry = self._gather(batch)
             try:
                 self._run_batch(batch)
@@ -689,7 +772,7 @@ class Store:
                 # try again after another delay rather than spinning.
                 self._unflushed_since = time.monotonic()
 
-    def _gather(self, batch: list[_Append]) -> _Job | None:
+    def _gather(self, batch: list[_Logged]) -> _Job | None:
         """Add waiting appends to ``batch``; return the first non-append job met, if any."""
         # Wait for stragglers only when several sessions have recently been appending together
         # (one session's own appends of a step arrive together: ``_submit``); see
@@ -707,7 +790,7 @@ class Store:
                     job = self._queue.get(timeout=remaining)
                 except queue.Empty:
                     break
-            if not isinstance(job, _Append):
+            if not isinstance(job, _Logged):
                 # Ordering: a call or close submitted after these appends runs after them.
                 return job
             batch.append(job)
@@ -798,8 +881,11 @@ class Store:
             raise _store_error(f"cannot read the commit log of {self._path}: {exc}", exc) from exc
         if batches:
             last_seq: dict[str, int] = {}
-            rows: list[tuple[LoggedRow, UsagePayload | None]] = []
+            rows: _Unflushed = []
             for row in (r for batch in batches for r in batch):
+                if isinstance(row, LoggedStatus):
+                    rows.append((row, None))  # applied only over an older row (_write_rows)
+                    continue
                 if row.session_id not in last_seq:
                     last_seq[row.session_id] = queries.session_cursor(con, row.session_id)[2]
                 if row.seq <= last_seq[row.session_id]:
@@ -859,21 +945,27 @@ class Store:
         self._sessions[session_id] = state
         return state
 
-    def _run_batch(self, batch: list[_Append]) -> None:
+    def _run_batch(self, batch: list[_Logged]) -> None:
         now = utcnow()
         db_now = to_db_ts(now)
-        if self._unflushed and any(isinstance(req.parent, str) for req in batch):
+        if self._unflushed and any(
+            isinstance(req, _Append) and isinstance(req.parent, str) for req in batch
+        ):
             self._try_ingest()  # an explicit parent is looked up in the tables
         # Counters advance on copies; they replace the cache only after the commit, so a
         # failed one leaves no gap and no phantom leaf.
         pending: dict[str, _SessionState] = {}
         accepted: list[tuple[_Append, EventRecord, LoggedRow]] = []
+        statuses: list[tuple[_StatusChange, LoggedStatus]] = []
         for req in batch:
             try:
                 state = pending.get(req.session_id)
                 if state is None:
                     state = replace(self._session_state(req.session_id))
                     pending[req.session_id] = state
+                if isinstance(req, _StatusChange):  # the session exists: that is all to check
+                    statuses.append((req, LoggedStatus(req.session_id, req.status, db_now)))
+                    continue
                 parent = state.leaf if req.parent is CURRENT_LEAF else req.parent
                 if parent is not None and parent != state.leaf:
                     queries.check_parent(self._connection(), req.session_id, parent)
@@ -905,19 +997,26 @@ class Store:
                 req.payload_json,
             )
             accepted.append((req, record, row))
-        if not accepted:
+        if not accepted and not statuses:
             self._last_batch_sessions = 0
             return
+        entries: list[LoggedEntry] = [row for _, _, row in accepted]
+        entries += [status for _, status in statuses]
         try:
             if self._log is None:
                 self._connection()  # a failed reopen left no log; this opens both or raises
             assert self._log is not None
-            self._log.append([row for _, _, row in accepted], self._before_commit)
+            self._log.append(entries, self._before_commit)
         except (OSError, PrimeAgentError, duckdb.Error) as exc:
             with self._stats_lock:
                 self._failed_commits += 1
-            message = f"could not commit {len(accepted)} event(s) to {self._path}: {_one_line(exc)}"
-            _settle_all([(req, None, _store_error(message, exc)) for req, _, _ in accepted])
+            what = f"{len(accepted)} event(s) and {len(statuses)} status change(s)"
+            message = f"could not commit {what} to {self._path}: {_one_line(exc)}"
+            failed: list[_Outcome] = [
+                (req, None, _store_error(message, exc))
+                for req in ([r for r, _, _ in accepted] + [r for r, _ in statuses])
+            ]
+            _settle_all(failed)
             return
         touched = {row.session_id for _, _, row in accepted}
         self._sessions.update({s: pending[s] for s in touched})
@@ -925,12 +1024,14 @@ class Store:
         if not self._unflushed:
             self._unflushed_since = time.monotonic()
         self._unflushed.extend((row, req.usage) for req, _, row in accepted)
+        self._unflushed.extend((status, None) for _, status in statuses)
         self._unflushed_bytes += sum(len(row.payload_json) for _, _, row in accepted)
         with self._stats_lock:
             self._commits += 1
             self._rows += len(accepted)
             self._largest_batch = max(self._largest_batch, len(accepted))
-        _settle_all([(req, record, None) for req, record, _ in accepted])
+        done: list[_Outcome] = [(req, record, None) for req, record, _ in accepted]
+        _settle_all(done + [(req, None, None) for req, _ in statuses])
 
     def _try_ingest(self) -> bool:
         """Move the committed rows into the tables in one transaction; False if that failed

@@ -33,6 +33,8 @@ CLIENTS: Final = ("auto", "litellm")
 RETRIES: Final = 2
 IDLE_TIMEOUT_S: Final = 1.5
 STALL_S: Final = 30  # longer than the idle timeout; closing the server ends it
+PRICE_MAP_RACERS: Final = 8
+PRICE_MAP_RACE_WAIT_S: Final = 0.5  # how long the first reader waits for a second one
 # A model litellm's bundled map prices, so the cost comes from the map on both paths.
 PRICED_MODEL: Final = "openai/gpt-4o-mini"
 MESSAGES: Final = [
@@ -282,9 +284,44 @@ async def test_the_price_map_is_read_off_the_event_loop(
         readers.append(threading.get_ident())
         return find()
 
-    for cached in (price_map._table, price_map.model_entry, cost._mapped_prices):
+    for cached in (price_map._read_table, price_map.model_entry, cost._mapped_prices):
         cached.cache_clear()
     monkeypatch.setattr(price_map, "price_map_path", recording)
     seen = await _call("text: priced", client, model=PRICED_MODEL)
     assert seen.result["usage"]["cost_usd"] is not None
     assert len(readers) == 1 and readers[0] != threading.get_ident()
+
+
+def test_sessions_starting_together_read_the_price_map_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many sessions' first calls look prices up on threads at once: one of them reads the
+    ~1 MB file, the others wait for its table (without the lock each read it: 20 sessions
+    spent ~0.6 s of CPU). The first reader holds on until a second one arrives or
+    ``PRICE_MAP_RACE_WAIT_S`` passes, so an unguarded read shows up as a second reader."""
+    from orchestrator.models import price_map
+
+    readers: list[int] = []
+    second = threading.Event()
+    find = price_map.price_map_path
+
+    def slow_reader() -> Any:
+        readers.append(threading.get_ident())
+        if len(readers) > 1:
+            second.set()
+        else:
+            second.wait(PRICE_MAP_RACE_WAIT_S)
+        return find()
+
+    price_map._read_table.cache_clear()
+    monkeypatch.setattr(price_map, "price_map_path", slow_reader)
+    try:
+        threads = [threading.Thread(target=price_map._table) for _ in range(PRICE_MAP_RACERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(readers) == 1
+        assert price_map._table(), "the shared table is the real map"
+    finally:
+        price_map._read_table.cache_clear()

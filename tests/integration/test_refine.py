@@ -644,9 +644,10 @@ async def test_a_boundary_with_nothing_planned_or_due_is_one_read_and_no_write(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every turn of every session crosses a boundary: with nothing planned and nothing to
-    measure it costs one round trip to the store's writer thread, and writes nothing."""
+    measure it costs one round trip to the store's writer thread, writes nothing, and reads
+    only the refinements (a side read: it does not force the step's rows into the tables)."""
     calls: list[str] = []
-    read, transaction = world.store.read, world.store.transaction
+    read, transaction = world.store.read_side, world.store.transaction
 
     async def counted_read(fn: Any) -> Any:
         calls.append("read")
@@ -656,7 +657,7 @@ async def test_a_boundary_with_nothing_planned_or_due_is_one_read_and_no_write(
         calls.append("transaction")
         return await transaction(fn)
 
-    monkeypatch.setattr(world.store, "read", counted_read)
+    monkeypatch.setattr(world.store, "read_side", counted_read)
     monkeypatch.setattr(world.store, "transaction", counted_transaction)
     await world.turn_end()
     assert await world.refiner.at_boundary(world.target) == []

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import StoreError
 from orchestrator.ids import new_session_id
 from orchestrator.store import db as store_db
 from orchestrator.store.commit_log import (
@@ -55,7 +56,8 @@ async def _session(store: Store) -> str:
 
 
 def _kill_mid_run(db_path: Path) -> tuple[str, list[str]]:
-    """A process appends steps (a notice and a usage each), then dies without close()."""
+    """A process appends steps (a notice and a usage each), sets the session running, then
+    dies without close()."""
     script = textwrap.dedent(
         f"""
         import asyncio, os
@@ -81,7 +83,8 @@ def _kill_mid_run(db_path: Path) -> tuple[str, list[str]]:
                                                             cost_usd=0.5)),
                 )
                 print(note.id, usage.id, flush=True)
-            assert store.statistics().pending == 2 * {KILLED_STEPS}, store.statistics()
+            await store.set_status(sid, "running")
+            assert store.statistics().pending == 2 * {KILLED_STEPS} + 1, store.statistics()
             os._exit(0)  # no close(): the rows are in the commit log only
 
         asyncio.run(main())
@@ -101,7 +104,8 @@ def _kill_mid_run(db_path: Path) -> tuple[str, list[str]]:
 
 async def test_rows_only_in_the_log_come_back_after_a_kill(db_path: Path) -> None:
     """R1 through the log: a read-only open after the kill sees every acknowledged row, the
-    usage rows, and the leaf; a torn last line (a write that never returned) is left out."""
+    usage rows, the leaf and the status change; a torn last line (a write that never
+    returned) is left out."""
     sid, acknowledged = _kill_mid_run(db_path)
     log = commit_log_path(db_path)
     assert log.stat().st_size > 0
@@ -113,6 +117,7 @@ async def test_rows_only_in_the_log_come_back_after_a_kill(db_path: Path) -> Non
         assert [e.seq for e in events] == list(range(1, len(acknowledged) + 1))
         session = await ro.get_session(sid)
         assert session is not None and session.leaf_event_id == acknowledged[-1]
+        assert session.status == "running"
         (usage,) = await ro.usage_summary([sid])
         assert usage.input == sum(range(KILLED_STEPS))
     assert log.stat().st_size == 0  # replayed, then emptied
@@ -138,6 +143,74 @@ async def test_a_replay_of_rows_already_in_the_tables_adds_nothing(db_path: Path
     async with await Store.open(db_path) as store:
         assert [e.id for e in await store.events(sid)] == appended
         assert (await store.append(sid, "notice", NoticePayload(text="c"))).seq == len(appended) + 1
+
+
+async def test_a_status_change_commits_to_the_log_not_to_the_tables(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn changes its session's status twice: each is a log commit, like an append, with
+    no DuckDB job of its own (it used to be an UPDATE plus two reads, ~4.5 ms of writer CPU,
+    and an early ingest); the next read sees it."""
+    monkeypatch.setattr(store_db, "INGEST_DELAY_S", NEVER_S)
+    async with await Store.open(db_path) as store:
+        sid = await _session(store)
+        before = store.statistics()
+        await store.set_status(sid, "running")
+        await store.append(sid, "notice", NoticePayload(text="step"))
+        await store.set_status(sid, "idle")
+        middle = store.statistics()
+        assert middle.commits - before.commits == 3
+        assert (middle.calls, middle.ingests) == (before.calls, before.ingests)
+        session = await store.get_session(sid)
+        assert session is not None and session.status == "idle"
+        assert store.statistics().ingests == before.ingests + 1
+        with pytest.raises(StoreError, match="unknown session"):
+            await store.set_status(new_session_id(), "idle")
+        with pytest.raises(ValueError, match="unknown session status"):
+            await store.set_status(sid, "sleeping")  # type: ignore[arg-type]
+
+
+async def test_a_side_read_leaves_the_committed_rows_in_the_log(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read_side`` (a read of a table the log never writes: a turn's end checks goals,
+    autonomy and refinements) runs without forcing an ingest; ``read`` forces one."""
+    monkeypatch.setattr(store_db, "INGEST_DELAY_S", NEVER_S)
+    async with await Store.open(db_path) as store:
+        sid = await _session(store)
+        await store.append(sid, "notice", NoticePayload(text="step"))
+        before = store.statistics()
+        goals = await store.read_side(
+            lambda con: con.execute("SELECT count(*) FROM goals").fetchone()
+        )
+        assert goals == (0,)
+        after = store.statistics()
+        assert (
+            (after.ingests, after.pending)
+            == (before.ingests, before.pending)
+            == (
+                before.ingests,
+                1,
+            )
+        )
+        await store.read(lambda con: con.execute("SELECT count(*) FROM goals").fetchone())
+        assert (store.statistics().ingests, store.statistics().pending) == (before.ingests + 1, 0)
+
+
+async def test_a_replayed_status_line_does_not_undo_a_later_update(db_path: Path) -> None:
+    """If emptying the log after an ingest is lost, a replayed status line is older than a
+    direct ``update_session`` made after it, and leaves that one in place."""
+    store_log = commit_log_path(db_path)
+    async with await Store.open(db_path) as store:
+        sid = await _session(store)
+        await store.set_status(sid, "running")
+        kept = store_log.read_bytes()
+        assert kept
+        await store.update_session(sid, status="completed")  # ingests the line first
+    store_log.write_bytes(kept)  # as if the emptying had not reached the disk
+    async with await Store.open(db_path) as store:
+        session = await store.get_session(sid)
+        assert session is not None and session.status == "completed"
 
 
 async def test_many_steps_reach_the_tables_in_one_transaction(

@@ -181,6 +181,10 @@ def _writes(path: Path) -> tuple[set[str], set[str]]:
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "update_session"
                 and any(k.arg == "status" for k in node.keywords)
+            ) or (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "set_status"
             ):
                 status.add(func.name)
     return state, status

@@ -598,6 +598,7 @@ def test_public_surface() -> None:
         "INGEST_DELAY_S",
         "INGEST_MAX_BYTES",
         "INGEST_MAX_ROWS",
+        "LOGGED_TABLES",
         "UPDATABLE_SESSION_FIELDS",
         "EventRecord",
         "SessionRecord",
