@@ -208,9 +208,12 @@ class HarnessSettings(_Strict):
 
 class DaemonSettings(_Strict):
     """``[daemon]``: whether CLI commands that need the daemon start it (docs/cli.md); the
-    environment variable ``PRIME_AGENT_DAEMON_AUTOSTART`` (0/1) overrides it."""
+    environment variable ``PRIME_AGENT_DAEMON_AUTOSTART`` (0/1) overrides it. ``model_workers``:
+    how many processes read OpenAI-compatible model streams for the daemon's sessions
+    (models/call_workers.py); unset, one per core but one from 4 cores up, none below."""
 
     autostart: bool = True
+    model_workers: int | None = Field(default=None, ge=0)
 
 
 class NatsSettings(_Strict):

@@ -311,3 +311,24 @@ def container_stopped(docker: Any, container_id: str) -> bool:
         return str(docker.containers.get(container_id).status) != "running"
     except Exception:  # docker.errors.NotFound: gone is stopped (the SDK is imported lazily)
         return True
+
+
+def call_worker_pids(daemon_pid: int) -> list[int]:
+    """The model-call worker processes a daemon started (its children running the module)."""
+    from orchestrator.models.call_workers import WORKER_MODULE
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        ppid = next(
+            (int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0
+        )
+        if ppid == daemon_pid and WORKER_MODULE.encode() in argv:
+            found.append(int(entry.name))
+    return found

@@ -41,6 +41,9 @@ from orchestrator.daemon.config_watch import ConfigWatch, restart_notice
 from orchestrator.daemon.files import DAEMON_LOG_FILE_NAME, STARTUP_ERROR_PREFIX, daemon_log_path
 from orchestrator.daemon.handler import DaemonHandler
 from orchestrator.daemon.schedule_link import make_scheduler, record_interrupted
+from orchestrator.models.call_workers import auto_worker_count
+from orchestrator.models.call_workers import install as install_call_workers
+from orchestrator.models.call_workers import uninstall as uninstall_call_workers
 from orchestrator.models.registry import ResolvedModel, resolve_model
 from orchestrator.paths import Paths
 from orchestrator.sandbox.choice import BackendChoice
@@ -209,6 +212,11 @@ class Daemon:
         # it (OpenAI-compatible endpoints never do), then now, on a thread, not in a turn.
         if litellm_expected(self.settings):
             preload_in_background()
+        workers = self.settings.daemon.model_workers
+        pool = install_call_workers(auto_worker_count() if workers is None else workers)
+        if pool is not None:
+            await pool.start()
+        log.info("model-call workers: %s", pool.pids() if pool is not None else "none")
         self._store = await Store.open(self.paths.database_file)
         backends = DaemonBackends(
             self.settings,
@@ -297,6 +305,7 @@ class Daemon:
             await self._bounded("closing the control socket", self.server.close())
         if self._bus is not None:
             await self._bounded("stopping NATS", self._bus.close())
+        await self._bounded("stopping the model-call workers", uninstall_call_workers())
         if self._embedded is not None:
             await self._bounded("stopping the embedded model", self._embedded.stop())
         self._orch = None

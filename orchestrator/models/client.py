@@ -51,9 +51,11 @@ class Transport(Protocol):
 
 def transport_for(model: ResolvedModel, settings: Settings) -> Transport:
     if settings.model_client == "auto" and model.speaks_openai:
-        from orchestrator.models.openai_stream import OpenAIStream
+        from orchestrator.models.call_workers import installed
+        from orchestrator.models.openai_stream import OpenAIStream, exchange
 
-        return OpenAIStream(model, settings)
+        workers = installed()  # a daemon's model-call workers, when it runs any
+        return OpenAIStream(model, settings, workers.exchanger() if workers else exchange)
     from orchestrator.models.litellm_stream import LitellmStream
 
     return LitellmStream(model, settings)

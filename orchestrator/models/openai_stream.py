@@ -12,15 +12,23 @@ the scripted model).
 
 Connections are kept alive in one pool per event loop (``close_pools`` closes the pool of the
 running loop at shutdown).
+
+An attempt has three parts: the request (``OpenAIStream.request``: URL, headers, body), the
+exchange (``exchange``: the HTTP request and the SSE stream, giving a ``RawReply``), and the
+reply (usage and cost, on the caller's side). The exchange is the part a daemon can hand to a
+model-call worker process (call_workers.py), so a stream's parsing does not run on the loop its
+sessions share; the request and the reply stay with the session.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
+from orchestrator.call_records import ToolCall
 from orchestrator.models import http1
 from orchestrator.models.cost import usage_record
 from orchestrator.models.idle_timeout import IdleTimeout
@@ -37,7 +45,15 @@ from orchestrator.models.reply import (
 from orchestrator.models.sse import SseData
 from orchestrator.settings import Settings
 
-__all__ = ["OpenAIStream", "close_pools", "wire_model_name"]
+__all__ = [
+    "Exchange",
+    "OpenAIStream",
+    "RawReply",
+    "StreamRequest",
+    "close_pools",
+    "exchange",
+    "wire_model_name",
+]
 
 ERROR_TEXT_MAX: Final = 300
 HTTP_BAD_REQUEST: Final = 400
@@ -127,12 +143,82 @@ def _transport_failure(exc: http1.HttpFailure, streaming: bool) -> AttemptFailed
     return AttemptFailed("connection", f"connection failed: {exc}")
 
 
+@dataclass(frozen=True)
+class StreamRequest:
+    """One attempt's HTTP request (the key is in ``headers``: never logged, never on disk)."""
+
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    idle_s: float  # the longest wait for the response, and between two pieces of the stream
+
+
+@dataclass(frozen=True)
+class RawReply:
+    """What the stream said, before usage becomes a record with a cost."""
+
+    text: str
+    tool_calls: list[ToolCall]
+    finish: str
+    usage: dict[str, Any] | None  # the server's usage object; None when it sent none
+
+
+# Runs one exchange: ``exchange`` below, in this loop, or a model-call worker's.
+Exchange = Callable[[StreamRequest, Callable[[str], None] | None], Awaitable[RawReply]]
+
+
+async def exchange(request: StreamRequest, on_delta: Callable[[str], None] | None) -> RawReply:
+    """Post ``request`` and read its stream; ``AttemptFailed`` for every failure."""
+    idle = request.idle_s
+    streaming = False
+    try:
+        async with asyncio.timeout(idle):
+            response = await http1.pool().post(request.url, request.body, request.headers)
+        try:
+            if response.status >= HTTP_BAD_REQUEST:
+                async with asyncio.timeout(idle):
+                    body = await response.read()
+                raise _status_failure(response, body)
+            streaming = True
+            return await _read(response, on_delta, idle)
+        finally:
+            response.release()
+    except TimeoutError:
+        raise AttemptFailed("timeout", "timed out waiting for the model") from None
+    except http1.HttpFailure as exc:
+        raise _transport_failure(exc, streaming) from exc
+
+
+async def _read(
+    response: http1.Response, on_delta: Callable[[str], None] | None, idle_s: float
+) -> RawReply:
+    reply = _StreamedReply(on_delta)
+    sse = SseData()
+    try:
+        async with IdleTimeout(idle_s) as idle:  # each piece within idle_s of the last
+            async for piece in response.chunks():
+                idle.touch()
+                for data in sse.feed(piece):
+                    reply.take(data)
+        for data in sse.end():
+            reply.take(data)
+    except (TimeoutError, http1.HttpFailure):
+        if not reply.done:
+            raise  # a server that holds the connection open after [DONE] costs nothing
+    if reply.finish is None:
+        raise AttemptFailed("stream_cut", "stream ended before the reply was complete")
+    return RawReply("".join(reply.text), joined_calls(reply.calls), reply.finish, reply.usage)
+
+
 class OpenAIStream:
-    def __init__(self, model: ResolvedModel, settings: Settings) -> None:
+    def __init__(
+        self, model: ResolvedModel, settings: Settings, exchanger: Exchange = exchange
+    ) -> None:
         self.model = model
         self.settings = settings
         self._url = (model.api_base or "").rstrip("/") + CHAT_PATH
         self._headers = {"Authorization": f"Bearer {model.api_key}"} if model.api_key else {}
+        self._exchange = exchanger
 
     def body(
         self,
@@ -155,6 +241,19 @@ class OpenAIStream:
         head = json.dumps(fields)  # "{...}": the messages go in before its closing brace
         return messages_json(messages, before=f'{head[:-1]}, "messages": ', after="}").encode()
 
+    def request(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        temperature: float | None,
+    ) -> StreamRequest:
+        return StreamRequest(
+            self._url,
+            self._headers,
+            self.body(messages, tools, temperature),
+            self.settings.model_stream_idle_timeout_s,
+        )
+
     async def attempt(
         self,
         messages: list[dict[str, Any]],
@@ -162,51 +261,11 @@ class OpenAIStream:
         temperature: float | None,
         on_delta: Callable[[str], None] | None,
     ) -> ModelReply:
-        idle = self.settings.model_stream_idle_timeout_s
-        payload = self.body(messages, tools, temperature)
-        streaming = False
-        try:
-            async with asyncio.timeout(idle):
-                response = await http1.pool().post(self._url, payload, self._headers)
-            try:
-                if response.status >= HTTP_BAD_REQUEST:
-                    async with asyncio.timeout(idle):
-                        body = await response.read()
-                    raise _status_failure(response, body)
-                streaming = True
-                return await self._read(response, messages, on_delta, idle)
-            finally:
-                response.release()
-        except TimeoutError:
-            raise AttemptFailed("timeout", "timed out waiting for the model") from None
-        except http1.HttpFailure as exc:
-            raise _transport_failure(exc, streaming) from exc
+        raw = await self._exchange(self.request(messages, tools, temperature), on_delta)
+        return await self._reply(raw, messages)
 
-    async def _read(
-        self,
-        response: http1.Response,
-        messages: list[dict[str, Any]],
-        on_delta: Callable[[str], None] | None,
-        idle_s: float,
-    ) -> ModelReply:
-        reply = _StreamedReply(on_delta)
-        sse = SseData()
-        try:
-            async with IdleTimeout(idle_s) as idle:  # each piece within idle_s of the last
-                async for piece in response.chunks():
-                    idle.touch()
-                    for data in sse.feed(piece):
-                        reply.take(data)
-            for data in sse.end():
-                reply.take(data)
-        except (TimeoutError, http1.HttpFailure):
-            if not reply.done:
-                raise  # a server that holds the connection open after [DONE] costs nothing
-        finish, usage, text, calls = reply.finish, reply.usage, reply.text, reply.calls
-        if finish is None:
-            raise AttemptFailed("stream_cut", "stream ended before the reply was complete")
-        joined = "".join(text)
-        tool_calls = joined_calls(calls)
+    async def _reply(self, raw: RawReply, messages: list[dict[str, Any]]) -> ModelReply:
+        joined, tool_calls, finish, usage = raw.text, raw.tool_calls, raw.finish, raw.usage
         if usage is None:
             return ModelReply(
                 joined, tool_calls, finish, await self._counted(messages, joined, tool_calls)

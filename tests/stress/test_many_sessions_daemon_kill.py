@@ -1,4 +1,5 @@
-"""Many sessions through one daemon, the daemon SIGKILLed mid-step (issue 18 item 8; not in CI).
+"""Many sessions through one daemon, the daemon or its model-call workers SIGKILLed mid-step
+(issue 18 item 8; not in CI).
 
 ``SESSIONS`` sessions each run a task of ``STEPS`` code steps then an answer, all at once. Once
 ``KILL_AFTER_FRACTION`` of them have finished a step, the daemon gets SIGKILL while the rest are
@@ -8,6 +9,11 @@ mid-step. Then:
   with the same payload (R1);
 - every session finishes: a new daemon adopts the sandboxes, each interrupted turn continues
   (R2), and every session ends with the answer.
+
+The worker variant runs the daemon with ``MODEL_WORKERS`` model-call workers and kills every
+one of them instead, at the same moment: the daemon replaces them, the attempts they were
+reading are retried, every session finishes on the same daemon, and every event a client was
+sent is in the database after it stops.
 
 The scripted model is one script for every session, so a session's progress is a counter in
 its own kernel: a code step prints ``step N``, and the model answers once N reaches ``STEPS``
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any, Final
@@ -28,7 +35,7 @@ import pytest
 from orchestrator.api.client import ControlClient
 from orchestrator.api.messages import Event
 from orchestrator.testing import FakeModelServer
-from tests.helpers import write_config
+from tests.helpers import call_worker_pids, pids_alive, wait_until, write_config
 from tests.integration.test_r1_daemon import (
     EXIT_TIMEOUT_S,
     _connect_ready,
@@ -46,6 +53,7 @@ FIRST_STEPS_TIMEOUT_S: Final = 900.0
 FINISH_TIMEOUT_S: Final = 1800.0
 TEST_TIMEOUT_S: Final = 3 * 3600
 LAST_EVENTS_SHOWN: Final = 6
+MODEL_WORKERS: Final = 2
 
 COUNTER: Final = "try:\n    n += 1\nexcept NameError:\n    n = 1\nprint(f'step {n}')"
 
@@ -184,3 +192,69 @@ def test_many_sessions_survive_a_daemon_sigkill_mid_step() -> None:
                 second.kill()
                 second.wait(timeout=EXIT_TIMEOUT_S)
             stop_cleanly()
+
+
+async def _kill_the_workers_and_finish(proc: Any) -> tuple[list[dict[str, Any]], list[int]]:
+    client = await _connect_ready(proc)
+    try:
+        workers = call_worker_pids(proc.pid)
+        assert len(workers) == MODEL_WORKERS
+        ids = [
+            (await client.call("create_session", cwd=str(Path.cwd()), model="openai/fake"))[
+                "session"
+            ]
+            for _ in range(SESSIONS)
+        ]
+        watcher = Watcher(client, ids)
+        await watcher.attach()
+        task = asyncio.create_task(watcher.run())
+        try:
+            await asyncio.gather(*(client.call("prompt", session=sid, text="go") for sid in ids))
+            await watcher.until(
+                lambda: len(watcher.stepped) >= SESSIONS * KILL_AFTER_FRACTION,
+                FIRST_STEPS_TIMEOUT_S,
+            )
+            assert len(watcher.answered) < SESSIONS, "every session finished before the kill"
+            for pid in workers:
+                os.kill(pid, signal.SIGKILL)
+            try:
+                await watcher.until(lambda: watcher.answered >= set(ids), FINISH_TIMEOUT_S)
+            except TimeoutError:
+                stuck = [
+                    f"{sid}: {watcher.last_events(sid)}"
+                    for sid in ids
+                    if sid not in watcher.answered
+                ]
+                raise AssertionError(
+                    f"{len(stuck)} sessions never answered:\n" + "\n".join(stuck)
+                ) from None
+            replaced = call_worker_pids(proc.pid)
+            assert len(replaced) == MODEL_WORKERS and not set(replaced) & set(workers)
+            assert not pids_alive(workers)
+        finally:
+            task.cancel()
+        await client.call("shutdown", force=True)
+    finally:
+        await client.close()
+    return list(watcher.seen.values()), replaced
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_many_sessions_survive_their_model_workers_sigkilled_mid_step() -> None:
+    with FakeModelServer(_script()) as model:
+        write_config(
+            "retry_base_delay_s = 0.01\nmodel_max_retries = 3\n"
+            f"[daemon]\nmodel_workers = {MODEL_WORKERS}\n"
+            f'[models."openai/fake"]\napi_base = "{model.url}"\n'
+        )
+        proc = _start_daemon()
+        try:
+            seen, replaced = asyncio.run(_kill_the_workers_and_finish(proc))
+            assert proc.wait(timeout=EXIT_TIMEOUT_S) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=EXIT_TIMEOUT_S)
+        _check_acknowledged(seen)
+        # The daemon stopped the workers it started in their place (R8).
+        assert wait_until(lambda: not pids_alive(replaced), timeout=EXIT_TIMEOUT_S)
