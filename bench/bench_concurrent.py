@@ -14,7 +14,9 @@ Figures per run:
 - daemon CPU per step: the daemon process's user+system CPU over the run / steps taken (its
   children — gateways and kernels, the sandbox side — are not counted), and the part of it
   spent on the event loop's thread (the rest is the store's writer thread, DuckDB's own
-  threads and ``to_thread`` workers).
+  threads and ``to_thread`` workers);
+- model-call workers' CPU per step: the same for the daemon's ``call_worker`` children, when it
+  runs any (``model_workers``: docs/models.md), so daemon + workers is the host side's whole.
 
 Sessions are created and their sandboxes started before the clock starts (a warm pool), so the
 first cell measures a step on a ready sandbox under load, not sandbox start-up.
@@ -34,6 +36,7 @@ from bench import bench_daemon
 from bench.common import FakeServerProcess, cli_env, private_xdg
 from bench.peer_process import spawn, step_ends
 from orchestrator.api.messages import Event, Resync
+from orchestrator.models.call_workers import WORKER_MODULE
 
 __all__ = ["STEPS", "ours", "peer_script", "peers"]
 
@@ -88,6 +91,24 @@ def peer_script(peer: str) -> str:
 
 def _gaps(ends: list[float]) -> list[float]:
     return [(b - a) * MS_PER_S for a, b in itertools.pairwise(ends)]
+
+
+def _workers_cpu_s(daemon_pid: int) -> float:
+    """CPU seconds of the daemon's model-call workers (its children running the module)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if WORKER_MODULE.encode() not in argv:
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == daemon_pid:  # field 4 of proc(5): the parent
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
 
 
 def _cpu_s(pid: int, thread: int | None = None) -> float:
@@ -168,6 +189,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
         task = asyncio.create_task(watch())
         cpu_before = _cpu_s(daemon_pid)
         loop_before = _cpu_s(daemon_pid, thread=daemon_pid)  # the daemon's loop is its main thread
+        workers_before = _workers_cpu_s(daemon_pid)
         started = time.monotonic()
         await asyncio.gather(*(admin.call("prompt", session=sid, text="go") for sid in ids))
         async with asyncio.timeout(RUN_TIMEOUT_S):
@@ -175,6 +197,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
         wall = time.monotonic() - started
         cpu = _cpu_s(daemon_pid) - cpu_before
         loop_cpu = _cpu_s(daemon_pid, thread=daemon_pid) - loop_before
+        workers_cpu = _workers_cpu_s(daemon_pid) - workers_before
         task.cancel()
         short = [sid for sid, e in ends.items() if len(e) != STEPS + 1]
         if short:
@@ -188,20 +211,23 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
             "wall_s": wall,
             "cpu_per_step_ms": cpu / (sessions * (STEPS + 1)) * MS_PER_S,
             "loop_cpu_per_step_ms": loop_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
+            "workers_cpu_per_step_ms": workers_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
         }
     finally:
         await watcher.close()
         await admin.close()
 
 
-def ours(sessions: int, base: Path) -> dict[str, Any]:
-    """``sessions`` sessions through one daemon (local backend, as the peers run their REPL)."""
+def ours(sessions: int, base: Path, model_workers: int | None = None) -> dict[str, Any]:
+    """``sessions`` sessions through one daemon (local backend, as the peers run their REPL);
+    ``model_workers``: the daemon's ``[daemon] model_workers`` (None: the machine decides)."""
     with FakeServerProcess(ours_script(), base) as fake, private_xdg(base) as xdg:
         env = cli_env(xdg)
         env["PRIME_AGENT_BACKEND"] = "local"
         config = Path(xdg["XDG_CONFIG_HOME"]) / "prime-agent" / "config.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'[models."openai/fake"]\napi_base = "{fake.url}"\n')
+        workers = "" if model_workers is None else f"[daemon]\nmodel_workers = {model_workers}\n"
+        config.write_text(f'{workers}[models."openai/fake"]\napi_base = "{fake.url}"\n')
         socket = bench_daemon._socket(env)
         with bench_daemon._daemon(env) as daemon:
             return asyncio.run(_drive(socket, daemon.pid, base, sessions))

@@ -193,12 +193,15 @@ def ours_memory(
     return whole, host, roles
 
 
-def concurrent_rows(counts: list[int], peers: list[str], base: Path) -> list[dict[str, Any]]:
-    """Per session count: step gap p50 and p95, first cell, wall, our daemon CPU per step."""
+def concurrent_rows(
+    counts: list[int], peers: list[str], base: Path, model_workers: int | None = None
+) -> list[dict[str, Any]]:
+    """Per session count: step gap p50 and p95, first cell, wall, our daemon CPU per step (and
+    its model-call workers')."""
     rows: list[dict[str, Any]] = []
     for n in counts:
         print(f"concurrent: {n} sessions ...", flush=True)
-        ours = bench_concurrent.ours(n, base)
+        ours = bench_concurrent.ours(n, base, model_workers)
         theirs = {p: bench_concurrent.peers(p, n, base) for p in peers}
         gaps = {p: theirs[p]["gaps_ms"] for p in peers}
         rows.append(
@@ -246,6 +249,14 @@ def concurrent_rows(counts: list[int], peers: list[str], base: Path) -> list[dic
                 "name": f"{n} at once:   of it, the event loop's thread",
                 "unit": "ms",
                 "ours": [ours["loop_cpu_per_step_ms"]],
+                "peers": {},
+            }
+        )
+        rows.append(
+            {
+                "name": f"{n} at once: model-call workers' CPU/step",
+                "unit": "ms",
+                "ours": [ours["workers_cpu_per_step_ms"]],
                 "peers": {},
             }
         )
@@ -308,6 +319,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sessions", default=DEFAULT_SESSIONS, help="comma-separated session counts (concurrent)"
+    )
+    parser.add_argument(
+        "--model-workers",
+        type=int,
+        default=None,
+        help="our daemon's [daemon] model_workers (default: as the machine decides)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS_FILE)
     args = parser.parse_args(argv)
@@ -389,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
         if "concurrent" in args.scenarios:
-            rows += concurrent_rows(args.session_counts, peers, base)
+            rows += concurrent_rows(args.session_counts, peers, base, args.model_workers)
     leftovers = reap_leftovers()
     print()
     print(_table(rows, peers))
