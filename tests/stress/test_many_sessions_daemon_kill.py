@@ -115,23 +115,40 @@ class Watcher:
         )
 
 
+async def _start_all_until_half_stepped(
+    client: ControlClient,
+) -> tuple[list[str], Watcher, asyncio.Task[None]]:
+    """``SESSIONS`` sessions prompted at once and watched, once ``KILL_AFTER_FRACTION`` of
+    them have finished a step (and not all have answered): the moment of the kill."""
+    ids = [
+        (await client.call("create_session", cwd=str(Path.cwd()), model="openai/fake"))["session"]
+        for _ in range(SESSIONS)
+    ]
+    watcher = Watcher(client, ids)
+    await watcher.attach()
+    task = asyncio.create_task(watcher.run())
+    await asyncio.gather(*(client.call("prompt", session=sid, text="go") for sid in ids))
+    await watcher.until(
+        lambda: len(watcher.stepped) >= SESSIONS * KILL_AFTER_FRACTION, FIRST_STEPS_TIMEOUT_S
+    )
+    assert len(watcher.answered) < SESSIONS, "every session finished before the kill"
+    return ids, watcher, task
+
+
+async def _until_all_answered(watcher: Watcher, ids: list[str]) -> None:
+    try:
+        await watcher.until(lambda: watcher.answered >= set(ids), FINISH_TIMEOUT_S)
+    except TimeoutError:
+        stuck = [f"{sid}: {watcher.last_events(sid)}" for sid in ids if sid not in watcher.answered]
+        raise AssertionError(
+            f"{len(stuck)} sessions never answered:\n" + "\n".join(stuck)
+        ) from None
+
+
 async def _start_all_and_kill(proc: Any) -> tuple[list[str], list[dict[str, Any]]]:
     client = await _connect_ready(proc)
     try:
-        ids = [
-            (await client.call("create_session", cwd=str(Path.cwd()), model="openai/fake"))[
-                "session"
-            ]
-            for _ in range(SESSIONS)
-        ]
-        watcher = Watcher(client, ids)
-        await watcher.attach()
-        task = asyncio.create_task(watcher.run())
-        await asyncio.gather(*(client.call("prompt", session=sid, text="go") for sid in ids))
-        await watcher.until(
-            lambda: len(watcher.stepped) >= SESSIONS * KILL_AFTER_FRACTION, FIRST_STEPS_TIMEOUT_S
-        )
-        assert len(watcher.answered) < SESSIONS, "every session finished before the kill"
+        ids, watcher, task = await _start_all_until_half_stepped(client)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=EXIT_TIMEOUT_S)
         async with asyncio.timeout(EXIT_TIMEOUT_S):
@@ -155,14 +172,7 @@ async def _finish(proc: Any, ids: list[str]) -> None:
         await watcher.attach()
         task = asyncio.create_task(watcher.run())
         try:
-            await watcher.until(lambda: watcher.answered >= set(ids), FINISH_TIMEOUT_S)
-        except TimeoutError:
-            stuck = [
-                f"{sid}: {watcher.last_events(sid)}" for sid in ids if sid not in watcher.answered
-            ]
-            raise AssertionError(
-                f"{len(stuck)} sessions never answered:\n" + "\n".join(stuck)
-            ) from None
+            await _until_all_answered(watcher, ids)
         finally:
             task.cancel()
     finally:
@@ -199,35 +209,11 @@ async def _kill_the_workers_and_finish(proc: Any) -> tuple[list[dict[str, Any]],
     try:
         workers = call_worker_pids(proc.pid)
         assert len(workers) == MODEL_WORKERS
-        ids = [
-            (await client.call("create_session", cwd=str(Path.cwd()), model="openai/fake"))[
-                "session"
-            ]
-            for _ in range(SESSIONS)
-        ]
-        watcher = Watcher(client, ids)
-        await watcher.attach()
-        task = asyncio.create_task(watcher.run())
+        ids, watcher, task = await _start_all_until_half_stepped(client)
         try:
-            await asyncio.gather(*(client.call("prompt", session=sid, text="go") for sid in ids))
-            await watcher.until(
-                lambda: len(watcher.stepped) >= SESSIONS * KILL_AFTER_FRACTION,
-                FIRST_STEPS_TIMEOUT_S,
-            )
-            assert len(watcher.answered) < SESSIONS, "every session finished before the kill"
             for pid in workers:
                 os.kill(pid, signal.SIGKILL)
-            try:
-                await watcher.until(lambda: watcher.answered >= set(ids), FINISH_TIMEOUT_S)
-            except TimeoutError:
-                stuck = [
-                    f"{sid}: {watcher.last_events(sid)}"
-                    for sid in ids
-                    if sid not in watcher.answered
-                ]
-                raise AssertionError(
-                    f"{len(stuck)} sessions never answered:\n" + "\n".join(stuck)
-                ) from None
+            await _until_all_answered(watcher, ids)
             replaced = call_worker_pids(proc.pid)
             assert len(replaced) == MODEL_WORKERS and not set(replaced) & set(workers)
             assert not pids_alive(workers)
