@@ -90,7 +90,10 @@ class _Worker:
             "deltas": on_delta is not None,
         }
         try:
+            if self._reader.done():  # it died after the pool's look: nobody would answer
+                raise self._died("")
             self.proc.stdin.write(encode_frame(head, request.body))
+            await self.proc.stdin.drain()  # a worker that stops reading holds its senders back
             return await future
         except asyncio.CancelledError:
             with contextlib.suppress(ConnectionError, RuntimeError):
@@ -128,7 +131,7 @@ class _Worker:
                     future.set_exception(decode_failure(head["failed"]))
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, KeyError) as exc:
             detail = "" if isinstance(exc, asyncio.IncompleteReadError) else str(exc)
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, TimeoutError):
             await asyncio.wait_for(self.proc.wait(), PROCESS_STOP_GRACE_S)
         failure = self._died(detail)
         for future, _ in self._waiting.values():

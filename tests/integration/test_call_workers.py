@@ -20,7 +20,7 @@ from orchestrator.models.call_workers import CallWorkers, auto_worker_count
 from orchestrator.models.client import ModelClient
 from orchestrator.models.openai_stream import OpenAIStream
 from orchestrator.models.registry import resolve_model
-from orchestrator.models.reply import ModelReply, RetryInfo
+from orchestrator.models.reply import AttemptFailed, ModelReply, RetryInfo
 from orchestrator.procs import pid_alive
 from orchestrator.settings import Settings
 from orchestrator.testing import FakeModelServer
@@ -155,6 +155,26 @@ async def test_a_cancelled_call_leaves_the_worker_serving() -> None:
     finally:
         await pool.close()
     assert not pid_alive(pid)
+
+
+async def test_a_call_to_a_worker_that_just_died_fails_at_once() -> None:
+    """The pool checks a worker is alive before it hands it an attempt; one that dies right
+    after that check must fail the attempt as a dropped connection, not leave it waiting for
+    an answer nobody will send."""
+    from orchestrator.models.openai_stream import StreamRequest
+
+    pool = CallWorkers(1)
+    try:
+        await pool.start()
+        (worker,) = [w for w in pool._slots if w is not None]
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        await asyncio.wait_for(asyncio.shield(worker._reader), WAIT_S)
+        request = StreamRequest("http://127.0.0.1:9/chat/completions", {}, b"{}", IDLE_TIMEOUT_S)
+        with pytest.raises(AttemptFailed, match=r"model-call worker .* died") as failed:
+            await asyncio.wait_for(worker.exchange(request, None), WAIT_S)
+        assert failed.value.kind == "connection"
+    finally:
+        await pool.close()
 
 
 def test_the_pool_follows_the_machine() -> None:
