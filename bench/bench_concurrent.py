@@ -37,6 +37,7 @@ from bench.common import FakeServerProcess, cli_env, private_xdg
 from bench.peer_process import spawn, step_ends
 from orchestrator.api.messages import Event, Resync
 from orchestrator.models.call_workers import WORKER_MODULE
+from orchestrator.sandbox.proctree import children, tree_usage
 
 __all__ = ["STEPS", "ours", "peer_script", "peers"]
 
@@ -96,18 +97,13 @@ def _gaps(ends: list[float]) -> list[float]:
 def _workers_cpu_s(daemon_pid: int) -> float:
     """CPU seconds of the daemon's model-call workers (its children running the module)."""
     total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for child in children(daemon_pid):
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if WORKER_MODULE.encode() not in argv:
-                continue
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[1]) == daemon_pid:  # field 4 of proc(5): the parent
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        usage = tree_usage(child.pid) if WORKER_MODULE.encode() in argv else None
+        total += usage.cpu_seconds if usage is not None else 0.0
     return total
 
 

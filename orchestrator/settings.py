@@ -210,7 +210,8 @@ class DaemonSettings(_Strict):
     """``[daemon]``: whether CLI commands that need the daemon start it (docs/cli.md); the
     environment variable ``PRIME_AGENT_DAEMON_AUTOSTART`` (0/1) overrides it. ``model_workers``:
     how many processes read OpenAI-compatible model streams for the daemon's sessions
-    (models/call_workers.py); unset, one per core but one from 4 cores up, none below."""
+    (models/call_workers.py); unset, one per core but one from 4 cores up (at most 4), none
+    below. They start by demand."""
 
     autostart: bool = True
     model_workers: int | None = Field(default=None, ge=0)

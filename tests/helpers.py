@@ -316,19 +316,14 @@ def container_stopped(docker: Any, container_id: str) -> bool:
 def call_worker_pids(daemon_pid: int) -> list[int]:
     """The model-call worker processes a daemon started (its children running the module)."""
     from orchestrator.models.call_workers import WORKER_MODULE
+    from orchestrator.sandbox.proctree import children
 
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for child in children(daemon_pid):
         try:
-            status = (entry / "status").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        ppid = next(
-            (int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0
-        )
-        if ppid == daemon_pid and WORKER_MODULE.encode() in argv:
-            found.append(int(entry.name))
+        if WORKER_MODULE.encode() in argv and child.state != "Z":
+            found.append(child.pid)
     return found

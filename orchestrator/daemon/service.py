@@ -214,9 +214,7 @@ class Daemon:
             preload_in_background()
         workers = self.settings.daemon.model_workers
         pool = install_call_workers(auto_worker_count() if workers is None else workers)
-        if pool is not None:
-            await pool.start()
-        log.info("model-call workers: %s", pool.pids() if pool is not None else "none")
+        log.info("model-call workers: up to %d, started by demand", pool.count if pool else 0)
         self._store = await Store.open(self.paths.database_file)
         backends = DaemonBackends(
             self.settings,

@@ -6,7 +6,7 @@ daemon's, which every session shares. Requests come as frames on stdin, answers 
 on stdout (call_frames.py); many run at once. It holds nothing that must survive it: a
 worker killed mid-stream costs that attempt, which the daemon retries (call_workers.py). It
 exits when stdin closes, and with its parent (``PR_SET_PDEATHSIG``). It imports neither
-litellm nor pydantic's models of the store: a small process.
+litellm nor duckdb: ~34 MB.
 """
 
 from __future__ import annotations

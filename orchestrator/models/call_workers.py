@@ -5,7 +5,9 @@ one JSON chunk per token) was the largest part of a step's loop CPU. With ``[dae
 model_workers`` above 0 the daemon starts that many ``call_worker`` processes and hands them
 the exchange part of each attempt (openai_stream.py: the session builds the request and turns
 the reply into usage and cost itself). A session is pinned to one worker for its life (round
-robin as sessions' clients are made), so its attempts keep one kept-alive connection.
+robin as sessions' clients are made), so its attempts keep one kept-alive connection. Workers
+start by demand: a slot's process starts (in the background) when the first session pinned to
+it makes its client, so one session costs one worker (~34 MB), not the whole pool.
 
 A worker holds nothing acknowledged: it is killed with -9 and the attempts it was running fail
 as ``connection`` failures, which ``ModelClient`` retries like any dropped connection (with its
@@ -51,15 +53,18 @@ WORKER_MODULE: Final = "orchestrator.models.call_worker"
 CORES_KEPT_FOR_THE_DAEMON: Final = 1
 # Below this many cores, workers only add process switches: the daemon parses in its loop.
 MIN_CORES_FOR_WORKERS: Final = 4
+# The most an unset ``model_workers`` gives: each worker is ~34 MB, and a stream's parsing is
+# a small share of a step, so a few cores' worth carries many sessions.
+AUTO_WORKERS_MAX: Final = 4
 
 
 def auto_worker_count(cores: int | None = None) -> int:
     """``model_workers`` when the config leaves it unset: none on a small machine, else one
-    per core the daemon's loop does not need."""
+    per core the daemon's loop does not need, at most ``AUTO_WORKERS_MAX``."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     if cores < MIN_CORES_FOR_WORKERS:
         return 0
-    return cores - CORES_KEPT_FOR_THE_DAEMON
+    return min(cores - CORES_KEPT_FOR_THE_DAEMON, AUTO_WORKERS_MAX)
 
 
 class _Worker:
@@ -148,8 +153,8 @@ class _Worker:
 
 
 class CallWorkers:
-    """``count`` worker slots; each slot starts its process on first use, and again after a
-    death."""
+    """``count`` worker slots; a slot starts its process when a client is first pinned to it,
+    and again at the next attempt after a death."""
 
     def __init__(self, count: int) -> None:
         if count < 1:
@@ -159,10 +164,14 @@ class CallWorkers:
         self._starting: list[asyncio.Lock] = [asyncio.Lock() for _ in range(count)]
         self._next_slot = itertools.count()
         self.restarts = 0  # workers started again after one died
+        self._warming: set[asyncio.Task[_Worker]] = set()
 
     def exchanger(self) -> Exchange:
-        """An ``Exchange`` pinned to the next worker in turn (one per session's client)."""
+        """An ``Exchange`` pinned to the next worker in turn (one per session's client); that
+        worker starts now, in the background, so the session's first call finds it ready."""
         slot = next(self._next_slot) % self.count
+        if self._slots[slot] is None:
+            self._warm(slot)
 
         async def run(request: StreamRequest, on_delta: Callable[[str], None] | None) -> RawReply:
             worker = await self._worker(slot)
@@ -170,8 +179,22 @@ class CallWorkers:
 
         return run
 
+    def _warm(self, slot: int) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(self._worker(slot))
+        except RuntimeError:
+            return  # no loop here: the first attempt starts it
+        self._warming.add(task)
+        task.add_done_callback(self._warmed)
+
+    def _warmed(self, task: asyncio.Task[_Worker]) -> None:
+        self._warming.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The attempt that needs this worker tries again and fails with the reason.
+            log.warning("could not start a model-call worker: %s", task.exception())
+
     async def start(self) -> None:
-        """Start every worker now, so no session's first call waits for one to import."""
+        """Start every worker now (tests; a daemon starts them by demand)."""
         await asyncio.gather(*(self._worker(slot) for slot in range(self.count)))
 
     def pids(self) -> list[int]:
@@ -206,6 +229,9 @@ class CallWorkers:
             return worker
 
     async def close(self) -> None:
+        for task in self._warming:
+            task.cancel()
+        await asyncio.gather(*self._warming, return_exceptions=True)
         workers = [w for w in self._slots if w is not None]
         self._slots = [None] * self.count
         await asyncio.gather(*(w.stop() for w in workers), return_exceptions=True)

@@ -146,7 +146,7 @@ class StoreStatistics:
     largest_batch: int  # most events in one committed batch
     queued: int  # jobs waiting for the writer right now
     ingests: int  # DuckDB transactions that moved committed rows from the log into the tables
-    pending: int  # committed rows still only in the commit log
+    pending: int  # committed rows and status changes still only in the commit log
     calls: int  # other jobs run (reads, session updates, transactions)
 
 
@@ -639,11 +639,7 @@ class Store:
         for, so a turn's end, which checks those tables, no longer forces the rows of its last
         step into DuckDB one session at a time. ``fn`` must neither write nor read a logged
         table (it would miss committed rows still in the log)."""
-        loop = asyncio.get_running_loop()
-        job = _Call(loop, loop.create_future(), lambda: fn(self._connection()), False)
-        self._submit(job)
-        result: _T = await job.future
-        return result
+        return await self._call_raw(lambda: fn(self._connection()), needs_logged_rows=False)
 
     async def transaction(
         self, fn: Callable[[duckdb.DuckDBPyConnection], _T], *, sessions: tuple[str, ...] = ()
@@ -721,9 +717,9 @@ class Store:
             self._queue.put(job)
         self._held.clear()
 
-    async def _call_raw(self, fn: Callable[[], _T]) -> _T:
+    async def _call_raw(self, fn: Callable[[], _T], *, needs_logged_rows: bool = True) -> _T:
         loop = asyncio.get_running_loop()
-        job = _Call(loop, loop.create_future(), fn)
+        job = _Call(loop, loop.create_future(), fn, needs_logged_rows)
         self._submit(job)
         result: _T = await job.future
         return result

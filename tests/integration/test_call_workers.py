@@ -177,10 +177,28 @@ async def test_a_call_to_a_worker_that_just_died_fails_at_once() -> None:
         await pool.close()
 
 
+async def test_workers_start_by_demand() -> None:
+    """A slot's worker starts when a client is first pinned to it, not with the pool: one
+    session costs one worker process."""
+    pool = CallWorkers(2)
+    try:
+        assert pool.pids() == []
+        pool.exchanger()
+        await asyncio.wait_for(asyncio.gather(*pool._warming), WAIT_S)
+        assert len(pool.pids()) == 1
+        pool.exchanger()
+        await asyncio.wait_for(asyncio.gather(*pool._warming), WAIT_S)
+        assert len(pool.pids()) == 2
+        pool.exchanger()  # back to the first slot: nothing new starts
+        assert not pool._warming and len(pool.pids()) == 2
+    finally:
+        await pool.close()
+
+
 def test_the_pool_follows_the_machine() -> None:
     """None on a small machine (workers there only add process switches: docs/benchmarks.md),
-    else one per core the daemon's own loop does not need."""
-    assert [auto_worker_count(c) for c in (1, 2, 3, 4, 16)] == [0, 0, 0, 3, 15]
+    else one per core the daemon's own loop does not need, at most AUTO_WORKERS_MAX."""
+    assert [auto_worker_count(c) for c in (1, 2, 3, 4, 5, 16)] == [0, 0, 0, 3, 4, 4]
     with pytest.raises(ValueError):
         CallWorkers(0)
 
@@ -203,8 +221,11 @@ async def _prompt_and_kill_the_worker(
 ) -> tuple[list[dict[str, Any]], int]:
     client = await _connect_ready(proc)
     try:
-        (worker,) = call_worker_pids(proc.pid)  # started with the daemon, before any call
+        assert call_worker_pids(proc.pid) == []  # by demand: no session, no worker
         sid = (await client.call("create_session", cwd=os.getcwd(), model="openai/fake"))["session"]
+        # The session's client pins a slot, whose worker starts then, before the first call.
+        assert wait_until(lambda: len(call_worker_pids(proc.pid)) == 1, timeout=DAEMON_WAIT_S)
+        (worker,) = call_worker_pids(proc.pid)
         await client.call("prompt", session=sid, text="go")
         assert wait_until(lambda: len(srv.requests) >= 1, timeout=DAEMON_WAIT_S)
         os.kill(worker, signal.SIGKILL)  # mid-stream: the reply takes ~2 s to arrive

@@ -207,9 +207,9 @@ def test_many_sessions_survive_a_daemon_sigkill_mid_step() -> None:
 async def _kill_the_workers_and_finish(proc: Any) -> tuple[list[dict[str, Any]], list[int]]:
     client = await _connect_ready(proc)
     try:
-        workers = call_worker_pids(proc.pid)
-        assert len(workers) == MODEL_WORKERS
         ids, watcher, task = await _start_all_until_half_stepped(client)
+        workers = call_worker_pids(proc.pid)  # started by demand: every slot has sessions
+        assert len(workers) == MODEL_WORKERS
         try:
             for pid in workers:
                 os.kill(pid, signal.SIGKILL)
