@@ -160,8 +160,8 @@ class ChatScreen(Screen[None]):
 
     def _take(self, pushed: Pushed) -> None:
         if pushed.kind == "stream":
-            self.streamed += 1
-            self.transcript.stream(pushed.event)
+            if self.transcript.stream(pushed.event, pushed.after) is not None:
+                self.streamed += 1
             self.row["status"] = "running"
         elif pushed.kind == "event":
             self.transcript.apply(pushed.event, pushed.cursor)

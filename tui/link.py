@@ -36,6 +36,7 @@ class Pushed:
     session: str
     event: dict[str, Any]  # the event (durable or transient); {} for a resync
     cursor: int | None = None  # durable events and snapshot resyncs
+    after: int | None = None  # stream: the cursor of the newest durable event before it
     snapshot: dict[str, Any] | None = None  # a resync's snapshot, when it carries one
 
 
@@ -124,7 +125,7 @@ def _pushed(message: Any) -> Pushed | None:
     if kind == "event":
         return Pushed("event", session, dict(message.event), cursor=int(message.cursor))
     if kind == "stream":
-        return Pushed("stream", session, dict(message.event))
+        return Pushed("stream", session, dict(message.event), after=message.after)
     if kind == "resync":
         return Pushed("resync", session, {}, cursor=message.cursor, snapshot=message.snapshot)
     return None

@@ -65,8 +65,15 @@ class Transcript:
 
     # ---------------------------------------------------------------------------- transient
 
-    def stream(self, event: dict[str, Any]) -> Item | None:
-        """A transient event; returns the item it changed (None: nothing to show)."""
+    def stream(self, event: dict[str, Any], after: int | None = None) -> Item | None:
+        """A transient event; returns the item it changed (None: nothing to show).
+
+        ``after`` is the cursor of the session's newest durable event when the daemon emitted
+        it. Below ours, a durable event we applied since already holds what it previews: an
+        attach's replay can hold the whole answer whose deltas were pushed while the replay
+        was read. Shown, they would start a second copy of that answer."""
+        if after is not None and after < self.cursor:
+            return None
         kind = event.get("type")
         if kind == "text_delta":
             item = self._streaming()

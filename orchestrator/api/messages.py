@@ -96,11 +96,15 @@ class Resync:
 class Stream:
     """A transient event of ``session`` (``STREAM_EVENT_TYPES``: a text delta, a tool call
     starting, a compaction starting) for clients that negotiated ``stream``. Never stored, no
-    cursor: a client that falls behind loses them, and the next durable event is the truth."""
+    cursor of its own: a client that falls behind loses them, and the next durable event is the
+    truth. ``after`` is the cursor of the session's newest durable event when it was emitted
+    (None when the daemon knows none): a client that has applied a later cursor (its replay
+    already holds the message these deltas were building) drops it."""
 
     type: Literal["stream"] = "stream"
     session: str
     event: JsonObject
+    after: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -377,15 +377,18 @@ class ControlServer:
             if session in c.info.attached or (lineage and not lineage.isdisjoint(c.info.family))
         ]
 
-    def broadcast_transient(self, session: str, event: JsonObject) -> int:
+    def broadcast_transient(
+        self, session: str, event: JsonObject, *, after: int | None = None
+    ) -> int:
         """Queue a ``stream`` message for every client with the ``stream`` capability that
         ``broadcast`` would reach; never blocks, never resyncs nor disconnects: a client whose
-        queue is too full just misses it. Returns the number of clients it was queued for."""
+        queue is too full just misses it. ``after``: the cursor of the session's newest durable
+        event when ``event`` was emitted. Returns the number of clients it was queued for."""
         targets = self._targets(session, CAP_STREAM)
         if not targets:
             return 0
         try:
-            data = encode_message(Stream(session=session, event=event))
+            data = encode_message(Stream(session=session, event=event, after=after))
         except FrameError:
             return 0  # a delta over the line cap: the durable event carries the whole text
         return sum(1 for conn in targets if conn.outbox.put_transient(session, data))

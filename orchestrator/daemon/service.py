@@ -285,14 +285,18 @@ class Daemon:
     def _sink(self, event: dict[str, Any]) -> None:
         # Durable events carry the store's seq (committed before we get here: R1), which is
         # the per-session cursor. Transient ones (text deltas, a tool or a compaction starting)
-        # have none: they go as `stream` messages to the clients that asked for them.
+        # have none: they go as `stream` messages to the clients that asked for them, stamped
+        # with the seq of the session's newest durable event (`after`).
         seq = event.get("seq")
         if self.server is None:
             return
+        session = str(event["session_id"])
         if isinstance(seq, int):
-            self.server.broadcast(str(event["session_id"]), seq, event)
+            self.server.broadcast(session, seq, event)
         elif event.get("type") in STREAM_EVENT_TYPES:
-            self.server.broadcast_transient(str(event["session_id"]), event)
+            live = self._orch.loaded(session) if self._orch is not None else None
+            after = live.pushed_seq if live is not None else None
+            self.server.broadcast_transient(session, event, after=after)
 
     async def _shutdown(self) -> None:
         self._stopping = True

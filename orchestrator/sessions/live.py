@@ -78,6 +78,10 @@ class LiveSession:
     # continuations) waits for the next user input instead of starting a turn on its own, so
     # an aborted or spent tree stays stopped.
     held: bool = False
+    # The seq of its newest durable event handed to the sink (None until one is, in this
+    # process). Transient events are stamped with it (``Stream.after``): a client whose replay
+    # already holds a newer event knows the transient is about something it has whole.
+    pushed_seq: int | None = None
 
     @property
     def id(self) -> str:

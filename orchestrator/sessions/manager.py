@@ -612,6 +612,9 @@ class Orchestrator:
         return rec
 
     def _push(self, rec: EventRecord) -> None:
+        live = self.sessions.get(rec.session_id)
+        if live is not None and (live.pushed_seq is None or rec.seq > live.pushed_seq):
+            live.pushed_seq = rec.seq
         if self.sink is not None:
             self.sink(
                 {

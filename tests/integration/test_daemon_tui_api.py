@@ -173,13 +173,18 @@ async def test_stream_capability_delivers_deltas_before_the_durable_reply(
         "The answer is forty-two, as computed.",
     ]
     # The deltas of each reply arrive before it, and together they are its text.
+    # Each is stamped with the cursor of the newest durable event before it (`after`).
     deltas: list[str] = []
+    newest = 0
     for item in got:
         if isinstance(item, Stream):
             assert item.session == sid and item.event["session_id"] == sid
+            assert item.after == newest
             if item.event["type"] == "text_delta":
                 deltas.append(item.event["delta"])
-        elif item.event["type"] == "assistant_message":
+            continue
+        newest = item.cursor
+        if item.event["type"] == "assistant_message":
             assert len(deltas) > 1, "a reply arrived without its deltas"
             assert "".join(deltas) == item.event["payload"]["text"]
             deltas = []

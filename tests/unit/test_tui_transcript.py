@@ -62,6 +62,26 @@ def test_streamed_text_is_replaced_by_the_stored_message() -> None:
     assert t.items[2].label == "running"
 
 
+def test_deltas_pushed_while_the_replay_was_read_do_not_repeat_its_answer() -> None:
+    """An attach is recorded before its replay is read: the deltas of an answer can reach the
+    chat after the replay that holds the whole answer. Stamped with the cursor before that
+    answer, they are dropped; a later answer's deltas are shown (the CI failure where the
+    steer test saw "Waiting for the go file." twice)."""
+    t = Transcript()
+    t.apply(ev(1, "user_message", text="go"))
+    t.apply(ev(2, "assistant_message", text="Waiting.", tool_calls=[call("c", "1")]))
+    assert t.stream({"type": "text_delta", "delta": "Wait"}, after=1) is None
+    assert t.stream({"type": "tool_start", "tool_call_id": "c"}, after=1) is None
+    assert t.items[2].label == "queued"  # the stale start did not touch the cell either
+    assert [i.text for i in t.items if i.kind == "assistant"] == ["Waiting."]
+    t.apply(ev(3, "tool_result", tool_call_id="c", text="1"))
+    shown = t.stream({"type": "text_delta", "delta": "Done"}, after=3)
+    assert shown is not None and shown.streaming
+    assert t.stream({"type": "text_delta", "delta": "!"}, after=None) is shown  # unstamped
+    t.apply(ev(4, "assistant_message", text="Done!"))
+    assert [i.text for i in t.items if i.kind == "assistant"] == ["Waiting.", "Done!"]
+
+
 def test_failed_cells_errors_and_controls_are_shown() -> None:
     t = Transcript()
     t.apply(ev(1, "assistant_message", tool_calls=[call("c", "1/0")]))
