@@ -51,7 +51,6 @@ log = logging.getLogger(__name__)
 JUPYTER_PROTOCOL_VERSION = "5.4"
 USERNAME = "prime-agent"
 HTTP_TIMEOUT_S = 30.0
-WS_OPEN_TIMEOUT_S = 10.0
 # One message bigger than this (a single ``print`` of 16 MiB) closes the socket (code 1009); we
 # reconnect and tell the model that a piece of output was dropped. The bound keeps the host's
 # memory independent of what a cell prints (R10): decoding one frame costs ~4x its size at peak.
@@ -74,6 +73,11 @@ IDLE_AFTER_REPLY_CONNECTED_S = 30.0
 # than this (after the reply it is recomputed from two clocks at every message, with jitter).
 WAIT_TIMER_SLACK_S = 0.01
 KERNEL_READY_TIMEOUT_S = 60.0
+# The gateway answers the channels handshake only once its kernel has started and answered
+# kernel_info (jupyter_server's ``prepare``), so opening the first socket includes the kernel's
+# start: a 10 s bound failed local sandboxes on a loaded CI machine ("timed out during opening
+# handshake"). It is the kernel's readiness bound.
+WS_OPEN_TIMEOUT_S = KERNEL_READY_TIMEOUT_S
 # After a timed-out cell was interrupted, the kernel kills the copies of itself the cell forked
 # (they ignore or outlive the interrupt). The window reaches this far before the cell's start
 # (clock-tick rounding; the host's and the kernel's clocks are read at different moments).
