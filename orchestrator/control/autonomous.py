@@ -70,6 +70,7 @@ from orchestrator.store.autonomy import (
 from orchestrator.store.db import Store
 from orchestrator.store.events import AutonomousStopPayload, EventType, GateResultPayload
 from orchestrator.store.queries import utcnow
+from orchestrator.store.sessions_with_rows import SessionsWithRows, distinct_sessions_query
 
 __all__ = [
     "ABORTED_OUTCOMES",
@@ -276,6 +277,8 @@ class Autonomy:
         self._store = store
         self._clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
+        # Sessions that ever had a run: every other session's turn ends without a read.
+        self._with_runs = SessionsWithRows(store, distinct_sessions_query("autonomy"))
 
     # -- the row -------------------------------------------------------------------------------
 
@@ -290,9 +293,12 @@ class Autonomy:
             started_at=now,
             updated_at=now,
         )
+        self._with_runs.add(session_id)
         return await self._store.transaction(lambda con: upsert_autonomy(con, row))
 
     async def get(self, session_id: str) -> AutonomyRow | None:
+        if not await self._with_runs.may_have(session_id):
+            return None
         return await self._store.read_side(lambda con: select_autonomy(con, session_id))
 
     async def disable(self, session_id: str) -> AutonomyRow | None:

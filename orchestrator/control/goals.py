@@ -46,6 +46,7 @@ from orchestrator.store.db import Store
 from orchestrator.store.events import EventType, GoalUpdatePayload
 from orchestrator.store.goals import GoalRow
 from orchestrator.store.queries import utcnow
+from orchestrator.store.sessions_with_rows import SessionsWithRows, distinct_sessions_query
 
 __all__ = [
     "ABORTED_OUTCOME",
@@ -247,6 +248,8 @@ class Goals:
         self.store = store
         # One lock per session that ever had a goal operation (a few bytes each).
         self._locks: dict[str, asyncio.Lock] = {}
+        # Sessions that ever had a goal: every other session's turn ends without a read.
+        self._with_goals = SessionsWithRows(store, distinct_sessions_query("goals"))
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self._locks.get(session_id)
@@ -264,6 +267,8 @@ class Goals:
 
     async def current(self, session_id: str) -> GoalRow | None:
         """The session's open goal (active, paused or budget_limited), or None."""
+        if not await self._with_goals.may_have(session_id):
+            return None
         return await self.store.read_side(lambda con: goal_store.select_current(con, session_id))
 
     async def history(self, session_id: str, limit: int = GOAL_HISTORY_LIMIT) -> list[GoalRow]:
@@ -312,6 +317,7 @@ class Goals:
             return goal_store.insert_goal(con, row)
 
         async with self._lock(session_id):
+            self._with_goals.add(session_id)
             row = await self.store.transaction(insert)
             await self._record(target, row)
         return row

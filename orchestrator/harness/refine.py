@@ -105,6 +105,7 @@ from orchestrator.store.refinements import (
     select_refinements,
     update_refinement,
 )
+from orchestrator.store.sessions_with_rows import SessionsWithRows, distinct_sessions_query
 
 USAGE_PURPOSE: Final = "refine"
 
@@ -525,6 +526,8 @@ class Refiner:
         # finishes while the session is idle may both call at_boundary.
         self._apply_lock = asyncio.Lock()
         self._closed = False
+        # Sessions that ever had a refinement row: the others' boundaries read nothing.
+        self._with_rows = SessionsWithRows(store, distinct_sessions_query("refinements"))
 
     # -- phase 1 -----------------------------------------------------------------------------
 
@@ -562,6 +565,7 @@ class Refiner:
         )
         # Claimed before the first await, so a second request cannot slip in meanwhile.
         self._planning[session_id] = row.id
+        self._with_rows.add(session_id)
         try:
             await self._store.transaction(lambda con: insert_refinement(con, row))
         except BaseException:
@@ -657,8 +661,10 @@ class Refiner:
         progress = self._progress_of(session_id)
         changed: list[RefinementRow] = []
         async with self._apply_lock:
-            # One read says whether there is anything to do: most boundaries of most sessions
-            # have nothing planned and nothing to measure, and then cost this one round trip.
+            # Most boundaries of most sessions have nothing planned and nothing to measure: a
+            # session that never had a refinement row costs no read at all, the others one.
+            if not await self._with_rows.may_have(session_id):
+                return changed
             planned, stale, due = await self._store.read_side(
                 lambda con: (
                     _ids_with_status(con, session_id, "planned"),
@@ -710,6 +716,9 @@ class Refiner:
             row = await self._store.transaction(
                 lambda con: _rollback(con, refinement_id, session_id, source)
             )
+            # Its session is known only now; boundaries read under the same lock, so none
+            # can miss the row between the commit and this add.
+            self._with_rows.add(row.session_id)
         self._progress_of(row.session_id).last = row
         log.info("%s", apply_line(row))
         return row
