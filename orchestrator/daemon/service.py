@@ -206,12 +206,14 @@ class Daemon:
 
     async def _start_components(self) -> None:
         from orchestrator.models.lite import preload_in_background
+        from orchestrator.models.price_map import preload_in_background as preload_price_map
         from orchestrator.models.registry import litellm_expected
 
         # litellm takes seconds and ~200 MB to import: only when the default model goes through
         # it (OpenAI-compatible endpoints never do), then now, on a thread, not in a turn.
         if litellm_expected(self.settings):
             preload_in_background()
+        preload_price_map()
         workers = self.settings.daemon.model_workers
         pool = install_call_workers(auto_worker_count() if workers is None else workers)
         log.info("model-call workers: up to %d, started by demand", pool.count if pool else 0)

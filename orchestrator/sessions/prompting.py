@@ -100,7 +100,8 @@ class PromptBuilder:
         built = self._built.get(live.id)
         if built is not None and built.key == key:
             return built.prompt
-        entries, totals = await self.store.read(lambda con: _read_harness(con, owners))
+        # harness_entries only: a side read, which leaves the step's rows in the commit log.
+        entries, totals = await self.store.read_side(lambda con: _read_harness(con, owners))
         skills = skills_prompt_section(self.skills(rec.cwd).skills)
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=rec.cwd, model=live.model.selector, backend=rec.backend),

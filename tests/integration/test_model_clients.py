@@ -325,3 +325,28 @@ def test_sessions_starting_together_read_the_price_map_once(
         assert price_map._table(), "the shared table is the real map"
     finally:
         price_map._read_table.cache_clear()
+
+
+def test_a_preloaded_price_map_is_not_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon reads the map on a thread at start: a session's first lookup then reads
+    nothing (the read would sit between its first reply and its next step)."""
+    from orchestrator.models import price_map
+
+    reads: list[int] = []
+    find = price_map.price_map_path
+
+    def counted() -> Any:
+        reads.append(1)
+        return find()
+
+    price_map._read_table.cache_clear()
+    price_map.model_entry.cache_clear()
+    monkeypatch.setattr(price_map, "price_map_path", counted)
+    try:
+        price_map.preload_in_background().join()
+        assert reads == [1]
+        assert price_map.model_entry("gpt-4o-mini") is not None
+        assert reads == [1]
+    finally:
+        price_map._read_table.cache_clear()
+        price_map.model_entry.cache_clear()

@@ -17,11 +17,15 @@ from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.prompting import PromptBuilder
 from orchestrator.settings import Settings
+from orchestrator.store import db as store_db
 from orchestrator.store import harness as hs
 from orchestrator.store.db import SessionRecord, Store
+from orchestrator.store.events import NoticePayload
 from orchestrator.store.harness_entry import GLOBAL_OWNER, EntryWrite, Kind, slugify
 
 ROOT = "s-aaaaaaaaaaaa"
+# Far longer than any test: rows reach the tables only when something asks for them.
+NEVER_S = 3600.0
 OTHER = "s-bbbbbbbbbbbb"
 
 
@@ -136,3 +140,20 @@ async def test_skills_are_listed_by_metadata(store: Store, tmp_path: Path) -> No
     assert "- doubler: Doubles numbers." in prompt and "import doubler" in prompt
     assert "Long body" not in prompt
     assert builder.skill_dirs(str(tmp_path)) == (skill.resolve(),)
+
+
+async def test_building_a_prompt_leaves_the_steps_rows_in_the_commit_log(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's start reads the harness tables, which the commit log never writes: a side read,
+    so the rows the previous turn appended are not forced into the tables for it."""
+    monkeypatch.setattr(store_db, "INGEST_DELAY_S", NEVER_S)  # no timed ingest meanwhile
+    live = _live(tmp_path)
+    await store.create_session(live.record)
+    await _write(store, ROOT, "memory", "Build tool", "use make")
+    await store.append(ROOT, "notice", NoticePayload(text="a step"))
+    before = store.statistics()
+    assert before.pending > 0
+    assert "Build tool" in await _builder(store, tmp_path).build(live)
+    after = store.statistics()
+    assert (after.ingests, after.pending) == (before.ingests, before.pending)
