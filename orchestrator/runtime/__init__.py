@@ -157,9 +157,11 @@ def load_ipython_extension(ipython: Any) -> None:
     for name in COLOR_FORCING_ENV:
         os.environ.pop(name, None)
     os.environ.update(PLAIN_OUTPUT_ENV)
+    from orchestrator.runtime.async_check import install as install_async_check
     from orchestrator.runtime.spill import install as install_spill
 
     install_spill(ipython)
+    install_async_check(ipython)
 
 
 def session_setup(cwd: str, env: Mapping[str, str]) -> int:
