@@ -57,7 +57,7 @@ QUICK_RUNS = 5
 BREAKDOWN_RUNS = 5
 QUICK_BREAKDOWN_RUNS = 3
 REFERENCE_S = 2.7
-TARGET_S = 0.4 * REFERENCE_S
+TARGET_S: Final = 2.0  # issue 18: -p with no daemon running, daemon start included, spawn → exit
 RUN_TIMEOUT_S = 120.0
 WARM_TARGET_S: Final = 0.5  # issue 18: -p with the daemon running, spawn → exit
 # What a -p run through the daemon imports (cli/entry.py's lean path).
@@ -207,13 +207,10 @@ def run(quick: bool = False) -> dict[str, Any]:
     notes = [
         f"{runs} runs after one warm-up, fresh XDG dirs each; breakdown rows are separate "
         f"processes, {parts} runs each.",
-        f"importing litellm costs {lit:.2f} s, "
-        f"{lit / TARGET_S:.1f}× the whole {TARGET_S:.2f} s target: "
-        + (
-            "the target cannot be met while `-p` imports litellm before its first model call."
-            if lit > TARGET_S
-            else "litellm alone does not rule the target out."
-        ),
+        f"importing litellm costs {lit:.2f} s ({lit / TARGET_S:.1f}× the {TARGET_S:.2f} s "
+        "target): a `-p` whose model goes through litellm pays it before its first call; an "
+        "OpenAI-compatible endpoint (this run's scripted model) goes through the lean client "
+        "and never imports it.",
         f"teardown (answer → exit) is {statistics.median(teardown):.2f} s; the interpreter's "
         f"exit after importing litellm alone is {statistics.median(exit_plain):.2f} s, and "
         f"{statistics.median(exit_frozen):.2f} s with gc.freeze() before exit.",
