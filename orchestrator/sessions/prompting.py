@@ -33,6 +33,7 @@ from orchestrator.settings import Settings
 from orchestrator.store import harness as harness_store
 from orchestrator.store.db import Store
 from orchestrator.store.harness_entry import GLOBAL_OWNER, HarnessEntry
+from orchestrator.store.sessions_with_rows import SessionsWithRows, distinct_sessions_query
 
 __all__ = ["SECTION_SEPARATOR", "PromptBuilder"]
 
@@ -62,9 +63,13 @@ class PromptBuilder:
         self._generation: defaultdict[str, int] = defaultdict(int)
         self._built: dict[str, _Built] = {}
         self._skills: dict[str, SkillDiscovery] = {}
+        # Owners with harness entries: a new tree without any (most sessions of a sweep) builds
+        # its first prompt without a read. Kept by ``changed``, which every writer calls.
+        self._owners = SessionsWithRows(store, distinct_sessions_query("harness_entries", "owner"))
 
     def changed(self, owner: str) -> None:
         """A harness entry of ``owner`` (a root session id, or "global") changed."""
+        self._owners.add(owner)
         self._generation[owner] += 1
 
     def forget(self, session_id: str) -> None:
@@ -100,8 +105,12 @@ class PromptBuilder:
         built = self._built.get(live.id)
         if built is not None and built.key == key:
             return built.prompt
-        # harness_entries only: a side read, which leaves the step's rows in the commit log.
-        entries, totals = await self.store.read_side(lambda con: _read_harness(con, owners))
+        entries: list[HarnessEntry] = []
+        totals: dict[str, int] = {}
+        present = [owner for owner in owners if await self._owners.may_have(owner)]
+        if present:
+            # harness_entries only: a side read, which leaves the step's rows in the log.
+            entries, totals = await self.store.read_side(lambda con: _read_harness(con, present))
         skills = skills_prompt_section(self.skills(rec.cwd).skills)
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=rec.cwd, model=live.model.selector, backend=rec.backend),

@@ -2,9 +2,16 @@
 
 At the end of every turn the orchestrator asks three side tables about the session: its open
 goal (``goals``), its autonomous run (``autonomy``), its refinements awaiting a boundary
-(``refinements``). Almost every session has no row in any of them, and each question is a
-DuckDB query of 0.5–1.5 ms of CPU: at 20 sessions of short turns, a tenth of the host's CPU
-per step went to learning "nothing" (docs/benchmarks.md, session 14).
+(``refinements``); a new session's first prompt asks ``harness_entries`` about its tree (keyed
+by ``owner``: the root's id, or global). Almost every session has no row in any of them, and
+each question is a DuckDB query of 0.5–3 ms of CPU: at 20 sessions of short turns, a tenth of
+the host's CPU per step went to learning "nothing" (docs/benchmarks.md, session 14).
+
+The harness table's writers are several (the harness service, refinements, proposals, the
+daemon's harness commands); each tells the prompt builder ``changed(owner)`` after its write,
+which adds the owner. A first prompt built between such a commit and its ``changed`` misses the
+new entry for that one turn, as a cached prompt always did (docs/harness.md: a write shows from
+the next turn on).
 
 A ``SessionsWithRows`` answers "none" from memory. It is the set of sessions that have (or may
 have) a row: read with one query on first use, then kept by the table's only writer, which
@@ -33,9 +40,12 @@ from orchestrator.store.db import Store
 __all__ = ["SessionsWithRows", "distinct_sessions_query"]
 
 
-def distinct_sessions_query(table: str) -> Callable[[duckdb.DuckDBPyConnection], set[str]]:
-    """The first query of an index over ``table`` (a constant name from our own schema)."""
-    sql = f"SELECT DISTINCT session_id FROM {table}"  # a constant of our schema, never input
+def distinct_sessions_query(
+    table: str, column: str = "session_id"
+) -> Callable[[duckdb.DuckDBPyConnection], set[str]]:
+    """The first query of an index over ``table``, keyed by ``column`` (constant names from
+    our own schema: ``harness_entries`` is keyed by ``owner``, a root session id or global)."""
+    sql = f"SELECT DISTINCT {column} FROM {table}"  # constants of our schema, never input
 
     def query(con: duckdb.DuckDBPyConnection) -> set[str]:
         return {str(row[0]) for row in con.execute(sql).fetchall()}

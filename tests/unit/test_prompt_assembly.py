@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +158,27 @@ async def test_building_a_prompt_leaves_the_steps_rows_in_the_commit_log(
     assert "Build tool" in await _builder(store, tmp_path).build(live)
     after = store.statistics()
     assert (after.ingests, after.pending) == (before.ingests, before.pending)
+
+
+async def test_a_tree_without_entries_builds_its_prompt_without_a_read(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most sessions of a sweep are new trees with no harness entries: the builder learns once
+    which owners have entries, and the others' first prompts read nothing."""
+    builder = _builder(store, tmp_path)
+    reads: list[int] = []
+    read_side = store.read_side
+
+    async def counted(fn: Any) -> Any:
+        reads.append(1)
+        return await read_side(fn)
+
+    monkeypatch.setattr(store, "read_side", counted)
+    quiet, other = _live(tmp_path), _live(tmp_path, OTHER)
+    assert HEADER not in await builder.build(quiet)
+    assert HEADER not in await builder.build(other)
+    assert len(reads) == 1  # the owners' index, once
+    await _write(store, OTHER, "memory", "Late fact", "written after the index was read")
+    builder.changed(OTHER)
+    assert "Late fact" in await builder.build(other)
+    assert len(reads) == 2
