@@ -107,6 +107,14 @@ def _workers_cpu_s(daemon_pid: int) -> float:
     return total
 
 
+def _sandboxes_cpu_s(daemon_pid: int) -> float:
+    """CPU seconds of the daemon's descendants that are not model-call workers: the sandboxes
+    (a kernel gateway and its kernel each, on the local backend)."""
+    tree = tree_usage(daemon_pid)
+    total = tree.cpu_seconds if tree is not None else 0.0
+    return max(0.0, total - _cpu_s(daemon_pid) - _workers_cpu_s(daemon_pid))
+
+
 def _cpu_s(pid: int, thread: int | None = None) -> float:
     """CPU seconds of process ``pid``, or of its thread ``thread`` (the main thread: ``pid``)."""
     stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
@@ -186,6 +194,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
         cpu_before = _cpu_s(daemon_pid)
         loop_before = _cpu_s(daemon_pid, thread=daemon_pid)  # the daemon's loop is its main thread
         workers_before = _workers_cpu_s(daemon_pid)
+        sandboxes_before = _sandboxes_cpu_s(daemon_pid)
         started = time.monotonic()
         await asyncio.gather(*(admin.call("prompt", session=sid, text="go") for sid in ids))
         async with asyncio.timeout(RUN_TIMEOUT_S):
@@ -194,6 +203,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
         cpu = _cpu_s(daemon_pid) - cpu_before
         loop_cpu = _cpu_s(daemon_pid, thread=daemon_pid) - loop_before
         workers_cpu = _workers_cpu_s(daemon_pid) - workers_before
+        sandboxes_cpu = _sandboxes_cpu_s(daemon_pid) - sandboxes_before
         task.cancel()
         short = [sid for sid, e in ends.items() if len(e) != STEPS + 1]
         if short:
@@ -208,6 +218,7 @@ async def _drive(socket: Path, daemon_pid: int, cwd: Path, sessions: int) -> dic
             "cpu_per_step_ms": cpu / (sessions * (STEPS + 1)) * MS_PER_S,
             "loop_cpu_per_step_ms": loop_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
             "workers_cpu_per_step_ms": workers_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
+            "sandboxes_cpu_per_step_ms": sandboxes_cpu / (sessions * (STEPS + 1)) * MS_PER_S,
         }
     finally:
         await watcher.close()

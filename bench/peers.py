@@ -260,6 +260,14 @@ def concurrent_rows(
                 "peers": {},
             }
         )
+        rows.append(
+            {
+                "name": f"{n} at once: sandboxes' CPU/step (gateway + kernel)",
+                "unit": "ms",
+                "ours": [ours["sandboxes_cpu_per_step_ms"]],
+                "peers": {},
+            }
+        )
     return rows
 
 
