@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,20 @@ PROVIDER_KEY_VARS = (
     "GEMINI_API_KEY",
     "XAI_API_KEY",
 )
+
+# Signals whose disposition a child inherits when it is ignored: a test that sets one (an
+# in-process gateway app ignores SIGINT) must not leave later tests' CLI children deaf to it.
+RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT)
+
+
+@pytest.fixture(autouse=True)
+def restored_signals() -> Iterator[None]:
+    """Each test ends with the signal dispositions it started with."""
+    before = {sig: signal.getsignal(sig) for sig in RESTORED_SIGNALS}
+    yield
+    for sig, handler in before.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)

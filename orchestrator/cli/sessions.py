@@ -50,6 +50,9 @@ def attach(
 def attach_session(selector: str, *, cursor: int = 0, as_json: bool = False) -> int:
     """Follow ``selector``'s events until Ctrl-C (exit 0: detached) or the daemon goes."""
     require_daemon("attach")
+    # Ctrl-C is how one detaches, even when the parent started us with SIGINT ignored (a
+    # process inherits an ignored signal through exec; Python then leaves it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     attached: list[str] = []
     try:
         return asyncio.run(_attach(selector, cursor, as_json, attached))

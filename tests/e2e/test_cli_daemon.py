@@ -69,10 +69,16 @@ def model() -> Iterator[FakeModelServer]:
         yield srv
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Attached:
     """``prime-agent ARGS`` (attach, --resume) running in the background, output collected."""
 
-    def __init__(self, args: list[str], cwd: Path | None = None):
+    def __init__(self, args: list[str], cwd: Path | None = None, sigint_ignored: bool = False):
+        # sigint_ignored: started as a parent that ignores SIGINT starts it (a child inherits
+        # the ignored disposition); Ctrl-C must detach all the same.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", *args],
             stdin=subprocess.DEVNULL,
@@ -81,6 +87,7 @@ class Attached:
             text=True,
             env=dict(os.environ),
             cwd=cwd,
+            preexec_fn=_ignore_sigint if sigint_ignored else None,
         )
         self.out: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -250,7 +257,7 @@ def test_send_attach_observe(autostart: None, model: FakeModelServer) -> None:
     assert len(daemon_pids()) == 1
     assert wait_until(lambda: _said("first task", "hi back"), timeout=TURN_TIMEOUT_S)
 
-    attached = Attached(["attach", "first task"])
+    attached = Attached(["attach", "first task"], sigint_ignored=True)
     try:
         # What it missed first (the whole history from cursor 0) ...
         assert attached.wait_for("hi back"), attached.text
