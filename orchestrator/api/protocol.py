@@ -36,6 +36,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "MUTATING_COMMAND_TYPES",
     "RECENT_EVENTS_MAX",
+    "SWEEP_CELLS_PER_CALL",
     "TREE_PAGE_MAX_NODES",
     "USAGE_ROWS_LIMIT_MAX",
     "Abort",
@@ -81,6 +82,14 @@ __all__ = [
     "SessionSettings",
     "SetModel",
     "Shutdown",
+    "SweepAddCells",
+    "SweepCancel",
+    "SweepCellSpec",
+    "SweepClose",
+    "SweepOpen",
+    "SweepStatus",
+    "SweepTrialFinish",
+    "SweepTrialStart",
     "Tree",
     "WaitQuiet",
     "client_message_adapter",
@@ -583,6 +592,98 @@ class RecordEvalResult(_Command):
     finished_at: datetime
 
 
+# -- sweeps (docs/sweeps.md): the runner (``cli/sweep_runner.py``) drives, the daemon keeps the
+# tables. Opening and adding cells are idempotent (not journaled: their answers are large);
+# starting and finishing a trial are journaled, so a repeat never counts a trial twice.
+
+SWEEP_NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+SWEEP_CELLS_PER_CALL: Final = 500  # keeps a call's line and its answer well under 1 MiB
+MAX_ANSWER_CHARS: Final = 20_000
+MAX_ERROR_CHARS: Final = 2_000
+SweepName = Annotated[str, StringConstraints(pattern=SWEEP_NAME_PATTERN)]
+
+
+class SweepOpen(_Command):
+    """Create the sweep ``name`` or take it over for the runner ``runner_pid`` (refused while
+    another runner of it is alive); a dead runner's trials are abandoned."""
+
+    type: Literal["sweep_open"] = "sweep_open"
+    name: SweepName
+    spec: dict[str, Any]
+    digest: Token
+    runner_pid: int = Field(ge=1)
+
+
+class SweepCellSpec(_ClientModel):
+    fingerprint: Token
+    suite: Token
+    task_id: Token
+    model: str = Field(min_length=1, max_length=MAX_API_BASE_CHARS + MAX_ID_CHARS)
+    variant: Token
+    seed: int
+    context_tokens: int | None = Field(default=None, ge=0)
+
+
+class SweepAddCells(_Command):
+    """Add the cells that are new (by fingerprint); answer every given cell's row."""
+
+    type: Literal["sweep_add_cells"] = "sweep_add_cells"
+    name: SweepName
+    cells: list[SweepCellSpec] = Field(min_length=1, max_length=SWEEP_CELLS_PER_CALL)
+
+
+class SweepTrialStart(_Command):
+    """A new trial of cell ``fingerprint``, running in root session ``session``."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["sweep_trial_start"] = "sweep_trial_start"
+    name: SweepName
+    fingerprint: Token
+    session: Token
+
+
+class SweepTrialFinish(_Command):
+    """How trial ``trial`` ended; the daemon adds its tree's tokens and cost."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["sweep_trial_finish"] = "sweep_trial_finish"
+    trial: Token
+    state: Literal["scored", "errored"]
+    score: float | None = Field(default=None, ge=0, le=1)
+    answer: str | None = Field(default=None, max_length=MAX_ANSWER_CHARS)
+    stop_reason: Token
+    error_class: str | None = Field(default=None, max_length=MAX_ID_CHARS)
+    error: str | None = Field(default=None, max_length=MAX_ERROR_CHARS)
+    truncated: bool = False
+    wall_s: float = Field(ge=0)
+
+
+class SweepStatus(_Command):
+    """The sweep's row and its cells (all of them, or the page from ``offset``)."""
+
+    type: Literal["sweep_status"] = "sweep_status"
+    name: SweepName
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=SWEEP_CELLS_PER_CALL, ge=1, le=SWEEP_CELLS_PER_CALL)
+
+
+class SweepCancel(_Command):
+    """No trial of the sweep starts from now on; its running trials' sessions are aborted."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["sweep_cancel"] = "sweep_cancel"
+    name: SweepName
+
+
+class SweepClose(_Command):
+    """The runner is done: the sweep's final state (kept ``cancelled`` if it was)."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["sweep_close"] = "sweep_close"
+    name: SweepName
+    state: Literal["done", "incomplete", "budget"]
+
+
 class Shutdown(_Command):
     MUTATING: ClassVar[bool] = True
     type: Literal["shutdown"] = "shutdown"
@@ -626,6 +727,13 @@ _Commands = (
     | Autonomous
     | WaitQuiet
     | RecordEvalResult
+    | SweepOpen
+    | SweepAddCells
+    | SweepTrialStart
+    | SweepTrialFinish
+    | SweepStatus
+    | SweepCancel
+    | SweepClose
     | Shutdown
 )
 Command = Annotated[_Commands, Field(discriminator="type")]
@@ -667,6 +775,13 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     Autonomous,
     WaitQuiet,
     RecordEvalResult,
+    SweepOpen,
+    SweepAddCells,
+    SweepTrialStart,
+    SweepTrialFinish,
+    SweepStatus,
+    SweepCancel,
+    SweepClose,
     Shutdown,
 )
 COMMAND_TYPES: frozenset[str] = frozenset(

@@ -32,6 +32,7 @@ from orchestrator.cli import import_ as import_cmd
 from orchestrator.cli import run as run_cmd
 from orchestrator.cli import sessions as sessions_cmd
 from orchestrator.cli import shutdown as shutdown_cmd
+from orchestrator.cli import sweep as sweep_cmd
 from orchestrator.cli import tree as tree_cmd
 from orchestrator.cli import tui_cmd
 from orchestrator.cli import usage as usage_cmd
@@ -89,6 +90,7 @@ app.command("refine", help="Refine a session's harness (/refine), or: refine rol
 app.add_typer(harness_cmd.harness_app, name="harness")
 app.command("run", help="Run an evaluation config (YAML) and record its result.")(eval_cmd.eval_run)
 app.add_typer(control_cmd.schedule_app, name="schedule")
+app.add_typer(sweep_cmd.sweep_app, name="sweep")
 app.command("heartbeat", help="A session's heartbeat (/heartbeat every 10m TEXT).")(
     control_cmd.heartbeat
 )

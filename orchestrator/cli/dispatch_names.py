@@ -20,6 +20,7 @@ SUBCOMMANDS: Final = frozenset(
         "doctor",
         "daemon",
         "shutdown",
+        "sweep",
         "import",
         "tree",
         "branch",

@@ -48,7 +48,6 @@ import re
 from pathlib import Path
 from typing import Any, Final, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -58,8 +57,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
+from orchestrator.control.yaml_file import read_yaml_mapping, validation_line
 from orchestrator.errors import ConfigError
 from orchestrator.sandbox.choice import BACKEND_CHOICES, BackendRequest
 from orchestrator.settings import (
@@ -367,86 +366,10 @@ def _merged(
 # -- loading -----------------------------------------------------------------------------------
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: plain YAML keeps the
-    last silently, and two ``autonomous:`` blocks are a mistake, not a merge."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        try:
-            duplicate = key in seen
-        except TypeError:  # unhashable: construct_mapping reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping,
-)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _loc_text(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-_SHORT_MESSAGES: Final = {
-    "missing": "is required",
-    "extra_forbidden": "unknown field",
-    "model_type": "must be a mapping",
-    "model_attributes_type": "must be a mapping",
-    "dict_type": "must be a mapping",
-    "list_type": "must be a list",
-    "string_type": "must be a string",
-}
 _PATTERN_MESSAGES: Final = {
     r"^\S+$": "must not be empty or contain whitespace",
     _MODEL_NAME_PATTERN: "must be provider/name (e.g. openai/gpt-4o-mini)",
 }
-_BOUNDS: Final = {
-    "greater_than_equal": (">=", "ge"),
-    "greater_than": (">", "gt"),
-    "less_than_equal": ("<=", "le"),
-    "less_than": ("<", "lt"),
-}
-
-
-def _describe(error: ErrorDetails) -> str:
-    kind = error["type"]
-    ctx = error.get("ctx") or {}
-    if kind in _SHORT_MESSAGES:
-        message = _SHORT_MESSAGES[kind]
-    elif kind in _BOUNDS:
-        op, key = _BOUNDS[kind]
-        message = f"must be {op} {ctx[key]}"
-    elif kind == "value_error" and "error" in ctx:
-        message = str(ctx["error"])
-    elif kind == "string_too_short" and ctx.get("min_length") == 1:
-        message = "must not be empty"
-    elif kind == "string_pattern_mismatch":
-        pattern = str(ctx.get("pattern"))
-        message = _PATTERN_MESSAGES.get(pattern, f"must match {pattern}")
-    else:
-        message = error["msg"]
-        if message.startswith("Input should be "):
-            message = "must be " + message.removeprefix("Input should be ")
-    where = _loc_text(error["loc"])
-    return _one_line(f"{where}: {message}" if where else message)
 
 
 def _read_task_file(config: EvalConfig, shown: str) -> str:
@@ -470,35 +393,11 @@ def load_eval_config(path: Path | str) -> EvalConfig:
     names the file (as given) and the field."""
     shown = str(path)
     source = Path(path).expanduser().resolve()
-    try:
-        raw = source.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{shown}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{shown}: is a directory, not a config file") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{shown}: not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.load(raw, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(_one_line(f"{shown}: not valid YAML{where}: {problem}")) from None
-    if data is None:
-        raise ConfigError(f"{shown}: is empty (it needs at least task and model)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: must be a mapping of settings, not a {type(data).__name__}")
+    data = read_yaml_mapping(source, shown, empty="at least task and model")
     try:
         config = EvalConfig.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{shown}: {_describe(errors[0])}{more}") from None
+        raise ConfigError(validation_line(shown, exc, _PATTERN_MESSAGES)) from None
     config._source = source
     if config.task_file is not None:
         config._task_text = _read_task_file(config, shown)

@@ -67,6 +67,13 @@ from orchestrator.api.protocol import (
     SendMessage,
     SetModel,
     Shutdown,
+    SweepAddCells,
+    SweepCancel,
+    SweepClose,
+    SweepOpen,
+    SweepStatus,
+    SweepTrialFinish,
+    SweepTrialStart,
     Tree,
     WaitQuiet,
 )
@@ -79,6 +86,7 @@ from orchestrator.daemon import (
     harness_commands,
     run_choices,
     sandbox_commands,
+    sweep_commands,
     tree_commands,
 )
 from orchestrator.daemon.command_context import CommandContext, SessionControl
@@ -386,6 +394,16 @@ class DaemonHandler(CommandHandler):
             case RecordEvalResult():
                 rec = await self._record(command.session)
                 return await eval_commands.record_eval_result(self.daemon, rec, command)
+            case (
+                SweepOpen()
+                | SweepAddCells()
+                | SweepTrialStart()
+                | SweepTrialFinish()
+                | SweepStatus()
+                | SweepCancel()
+                | SweepClose()
+            ):
+                return await sweep_commands.handle_sweep(self.daemon, command, self._abort)
             case Shutdown():
                 return self._shutdown(command.force)
         raise AssertionError(f"unhandled command {command.type}")  # pragma: no cover
@@ -435,6 +453,7 @@ class DaemonHandler(CommandHandler):
             "reason": outcome.reason if outcome is not None else "none",
             "final_text": outcome.final_text if outcome is not None else "",
             "error": str(error) if error is not None else None,
+            "error_class": outcome.error_class if outcome is not None else None,
             # The CLI maps this to exit code 2 (the user can fix it), as in-process runs do.
             "user_error": isinstance(error, UserError),
         }

@@ -27,6 +27,7 @@ docs/testing.md is the full reference. This module knows nothing about HTTP: the
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import re
@@ -202,7 +203,8 @@ class Guarded:
     def select(self, last_text: str) -> Step:
         for branch in self.branches:
             if branch.matches(last_text):
-                return _resolve(branch.body, last_text)
+                step = _resolve(branch.body, last_text)
+                return _expand_groups(step, branch, last_text) if branch.regex else step
         if self.otherwise is None:
             raise NoBranchMatched(self.line, last_text)
         return _resolve(self.otherwise, last_text)
@@ -233,6 +235,19 @@ class Script:
 
 def _resolve(body: StepBody, last_text: str) -> Step:
     return body if isinstance(body, Step) else body.select(last_text)
+
+
+def _expand_groups(step: Step, branch: WhenBranch, last_text: str) -> Step:
+    """A ``when re`` branch's text may repeat what its pattern captured: ``\\1`` … ``\\9``
+    (and ``\\g<name>``) are the groups of the match in the last message."""
+    match = re.search(branch.needle, last_text)
+    if match is None or not match.re.groups:
+        return step
+    parts = tuple(
+        TextPart(match.expand(part.text)) if isinstance(part, TextPart) else part
+        for part in step.parts
+    )
+    return dataclasses.replace(step, parts=parts)
 
 
 # --- rendering helpers shared with the server -----------------------------------------------

@@ -110,6 +110,51 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
         "started_at": "2026-01-01T00:00:00+00:00",
         "finished_at": "2026-01-01T00:01:00+00:00",
     },
+    {
+        "type": "sweep_open",
+        "command_id": "20",
+        "name": "n",
+        "spec": {},
+        "digest": "d",
+        "runner_pid": 7,
+    },
+    {
+        "type": "sweep_add_cells",
+        "command_id": "21",
+        "name": "n",
+        "cells": [
+            {
+                "fingerprint": "f",
+                "suite": "s-niah",
+                "task_id": "s-niah/1/0",
+                "model": "openai/m",
+                "variant": "rlm",
+                "seed": 1,
+                "context_tokens": 1000,
+            }
+        ],
+    },
+    {
+        "type": "sweep_trial_start",
+        "command_id": "22",
+        "name": "n",
+        "fingerprint": "f",
+        "session": "s-x",
+    },
+    {
+        "type": "sweep_trial_finish",
+        "command_id": "23",
+        "trial": "t-1",
+        "state": "scored",
+        "score": 1.0,
+        "answer": "42",
+        "stop_reason": "completed",
+        "truncated": False,
+        "wall_s": 1.5,
+    },
+    {"type": "sweep_status", "command_id": "24", "name": "n", "offset": 0, "limit": 10},
+    {"type": "sweep_cancel", "command_id": "25", "name": "n"},
+    {"type": "sweep_close", "command_id": "26", "name": "n", "state": "done"},
     {"type": "shutdown", "command_id": "11", "force": True},
 ]
 
@@ -144,6 +189,7 @@ def test_mutating_set() -> None:
     expected |= {"harness_accept", "harness_reject"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
     expected |= {"sandbox_control", "autonomous", "record_eval_result"}
+    expected |= {"sweep_trial_start", "sweep_trial_finish", "sweep_cancel", "sweep_close"}
     assert expected == MUTATING_COMMAND_TYPES
 
 

@@ -233,6 +233,19 @@ def test_guarded_steps() -> None:
     assert isinstance(escaped, Guarded) and escaped.branches[0].needle == 'say "hi"'
 
 
+def test_a_regex_branch_repeats_its_groups() -> None:
+    script = parse_script(
+        r"""
+        when re "number is (?P<n>[0-9]+)": text: It is \1, or \g<n>.
+        when re "plain": text: no groups \1 here
+        """
+    )
+    (item,) = script.items
+    assert isinstance(item, Guarded)
+    assert item.select("the number is 42.").parts == (TextPart("It is 42, or 42."),)
+    assert item.select("plain").parts == (TextPart("no groups \\1 here"),)
+
+
 def test_repeat_and_separators_and_comments() -> None:
     script = parse_script(
         """

@@ -1,0 +1,345 @@
+"""``prime-agent sweep run FILE``: run a sweep's cells through the daemon (docs/sweeps.md).
+
+The runner opens the sweep (the daemon refuses a second live runner of the same name), adds
+the file's cells and skips every cell already ``scored``; the rest run as trials, at most
+``concurrency.in_flight`` at once. A trial is one root session in its own workspace
+(``<data>/sweeps/<name>/<fingerprint>``, made afresh): created idle, registered as the cell's
+trial, then given its prompt; when its tree is quiet the answer is scored here and the outcome
+recorded (the daemon adds the tree's tokens and cost). So a runner killed at any point loses at
+most the trials in flight: the next ``sweep run`` abandons them and runs those cells again,
+and a finished cell is never run or counted twice.
+
+A trial that ends — answered, out of tokens, out of time — is ``scored`` (a budget stop scores
+what it answered); one that could not run — the model's endpoint failed, the sandbox died — is
+``errored`` and runs again next time. Once the sweep's cost or token budget is spent, no new
+trial starts and the sweep ends ``budget``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from orchestrator.api.protocol import SWEEP_CELLS_PER_CALL
+from orchestrator.cli.common import EXIT_ABORTED, EXIT_BUDGET_SPENT, EXIT_ERROR, EXIT_OK
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.cli.connect import DaemonLink
+    from orchestrator.settings import Settings
+    from orchestrator.sweeps.grid import Cell
+    from orchestrator.sweeps.spec import SweepFile
+
+__all__ = [
+    "FALLBACK_CONTEXT_WINDOW",
+    "SWEEP_EXIT_CODES",
+    "TRIAL_WAIT_DEFAULT_S",
+    "SweepProgress",
+    "run_sweep",
+]
+
+# A vanilla prompt is cut to the model's window; a model that declares none gets this one.
+FALLBACK_CONTEXT_WINDOW: Final = 32_768
+# How long a trial may run when the sweep sets no trial_wall_s.
+TRIAL_WAIT_DEFAULT_S: Final = 3600.0
+# Extra time the daemon gets to answer wait_quiet past the trial's own limit.
+WAIT_SLACK_S: Final = 30.0
+# How long an aborted trial's tree gets to go quiet (its run_end recorded).
+ABORT_SETTLE_S: Final = 15.0
+# Non-interactive progress: a line at most this often (and one at the end).
+PROGRESS_EVERY_S: Final = 10.0
+SWEEP_EXIT_CODES: Final = {
+    "done": EXIT_OK,
+    "incomplete": EXIT_ERROR,
+    "budget": EXIT_BUDGET_SPENT,
+    "cancelled": EXIT_ABORTED,
+}
+# wait_quiet reasons that mean the trial could not run (it is rerun next time).
+_ERRORED_REASONS: Final = frozenset({"error"})
+
+
+@dataclass
+class SweepProgress:
+    """Counts, cost and an ETA, printed on stderr as the sweep goes."""
+
+    name: str
+    total: int
+    done: int = 0
+    failed: int = 0
+    running: int = 0
+    cost_usd: float = 0.0
+    tokens: int = 0
+    started: float = field(default_factory=time.monotonic)
+    finished_here: int = 0
+    _last_print: float = 0.0
+    _tty: bool = field(default_factory=lambda: sys.stderr.isatty())
+
+    def line(self) -> str:
+        left = self.total - self.done
+        eta = ""
+        if self.finished_here and left:
+            per_cell = (time.monotonic() - self.started) / self.finished_here
+            eta = f" · ETA {_duration(per_cell * left / max(1, self.running or 1))}"
+        return (
+            f"sweep {self.name}: {self.done}/{self.total} done · {self.running} running · "
+            f"{self.failed} failed · ${self.cost_usd:.4f}{eta}"
+        )
+
+    def show(self, *, final: bool = False) -> None:
+        now = time.monotonic()
+        if self._tty:
+            end = "\n" if final else ""
+            print(f"\r\033[K{self.line()}", end=end, file=sys.stderr, flush=True)
+        elif final or now - self._last_print >= PROGRESS_EVERY_S:
+            print(self.line(), file=sys.stderr, flush=True)
+            self._last_print = now
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@dataclass
+class _Run:
+    spec: SweepFile
+    settings: Settings
+    link: DaemonLink
+    data_dir: Path
+    progress: SweepProgress
+    slots: asyncio.Semaphore
+    stop: asyncio.Event  # budget spent or cancelled: start no more trials
+    stop_state: str | None = None
+    budget_tokens: int = 0
+
+    def workspace(self, cell: Cell) -> Path:
+        return self.data_dir / "sweeps" / self.spec.name / cell.fingerprint
+
+
+def _window(cell: Cell, settings: Settings) -> int:
+    from orchestrator.models.registry import resolve_model
+
+    if cell.model.context_window is not None:
+        return cell.model.context_window
+    with contextlib.suppress(UserError):
+        resolved = resolve_model(cell.model.model, settings, api_base=cell.model.api_base)
+        if resolved.context_window:
+            return int(resolved.context_window)
+    return FALLBACK_CONTEXT_WINDOW
+
+
+def _session_settings(spec: SweepFile, cell: Cell) -> dict[str, Any]:
+    chosen: dict[str, Any] = {}
+    model = {k: v for k, v in cell.model.section().overrides().items() if k != "api_base"}
+    if model:
+        chosen["model"] = model
+    if spec.budgets.trial_tokens is not None:
+        chosen["session_token_budget"] = spec.budgets.trial_tokens
+    depth = cell.variant.max_depth
+    chosen["max_depth"] = depth if depth is not None else (None if cell.variant.rlm else 0)
+    return {k: v for k, v in chosen.items() if v is not None}
+
+
+def _client_env(cell: Cell, settings: Settings) -> dict[str, str]:
+    from orchestrator.models.registry import client_env_names
+
+    names = set(client_env_names(cell.model.model, settings))
+    if cell.model.api_key_env:
+        names.add(cell.model.api_key_env)
+    return {name: os.environ[name] for name in sorted(names) if os.environ.get(name)}
+
+
+async def _open(run: _Run, cells: list[Cell]) -> list[dict[str, Any]]:
+    from orchestrator.sweeps.grid import HARNESS_VERSION
+
+    spec = run.spec
+    opened = await run.link.call(
+        "sweep_open",
+        name=spec.name,
+        spec={**spec.normalised(), "harness": HARNESS_VERSION},
+        digest=spec.digest(),
+        runner_pid=os.getpid(),
+    )
+    if opened.get("abandoned"):
+        print(
+            f"sweep {spec.name}: {opened['abandoned']} trial(s) of an interrupted run "
+            "abandoned; their cells run again",
+            file=sys.stderr,
+        )
+    rows: list[dict[str, Any]] = []
+    for start in range(0, len(cells), SWEEP_CELLS_PER_CALL):
+        batch = [c.row() for c in cells[start : start + SWEEP_CELLS_PER_CALL]]
+        added = await run.link.call("sweep_add_cells", name=spec.name, cells=batch)
+        rows.extend(added["cells"])
+    return rows
+
+
+async def _budget_spent(run: _Run) -> bool:
+    budgets = run.spec.budgets
+    if budgets.sweep_cost_usd is not None and run.progress.cost_usd >= budgets.sweep_cost_usd:
+        return True
+    return budgets.sweep_tokens is not None and run.progress.tokens >= budgets.sweep_tokens
+
+
+async def _trial(run: _Run, cell: Cell) -> None:
+    from orchestrator.api.errors import ApiCommandError
+    from orchestrator.sweeps.trial import trial_input
+
+    async with run.slots:
+        if run.stop.is_set():
+            return
+        if await _budget_spent(run):
+            run.stop_state = "budget"
+            run.stop.set()
+            return
+        run.progress.running += 1
+        run.progress.show()
+        try:
+            outcome = await _run_trial(run, cell, trial_input(cell, _window(cell, run.settings)))
+        except ApiCommandError as exc:
+            if exc.code == "busy" and "sweep" in str(exc):  # cancelled meanwhile
+                run.stop_state = run.stop_state or "cancelled"
+                run.stop.set()
+                return
+            raise
+        finally:
+            run.progress.running -= 1
+        if outcome is None:
+            return
+        run.progress.finished_here += 1
+        run.progress.cost_usd += float(outcome.get("cost_usd") or 0.0)
+        run.progress.tokens += int(outcome.get("tokens") or 0)
+        if outcome["state"] == "scored":
+            run.progress.done += 1
+        else:
+            run.progress.failed += 1
+        run.progress.show()
+
+
+async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None:
+    from orchestrator.sweeps.scoring import score
+
+    link, spec = run.link, run.spec
+    workdir = run.workspace(cell)
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    for name, text in given.files.items():
+        (workdir / name).write_text(text, encoding="utf-8")
+    created = await link.mutate(
+        "create_session",
+        cwd=str(workdir),
+        model=cell.model.model,
+        api_base=cell.model.api_base,
+        backend=spec.backend,
+        name=f"{spec.name}/{cell.fingerprint[:12]}",
+        refine=cell.variant.refine,
+        settings=_session_settings(spec, cell) or None,
+        client_env=_client_env(cell, run.settings),
+    )
+    session = str(created["session"])
+    started = await link.mutate(
+        "sweep_trial_start", name=spec.name, fingerprint=cell.fingerprint, session=session
+    )
+    trial = str(started["trial"])
+    began = time.monotonic()
+    await link.mutate("prompt", session=session, text=given.prompt, mode="follow_up")
+    limit = spec.budgets.trial_wall_s or TRIAL_WAIT_DEFAULT_S
+    try:
+        quiet: dict[str, Any] = await asyncio.wait_for(
+            link.call("wait_quiet", session=session, timeout_s=limit, release=True),
+            limit + WAIT_SLACK_S,
+        )
+    except (TimeoutError, UserError) as exc:
+        if time.monotonic() - began < limit:  # refused, not out of time
+            raise UserError(f"trial of {cell.task.id}: {exc}") from None
+        quiet = await _stop_overdue(link, session)
+    wall_s = time.monotonic() - began
+    answer = str(quiet.get("final_text") or "")
+    reason = str(quiet.get("stop_reason") or quiet.get("reason") or "unknown")
+    errored = quiet.get("reason") in _ERRORED_REASONS or bool(quiet.get("error"))
+    fields: dict[str, Any] = {
+        "trial": trial,
+        "state": "errored" if errored else "scored",
+        "score": None if errored else score(cell.task, answer),
+        "answer": answer[:20_000] or None,
+        "stop_reason": reason[:128],
+        "error_class": str(quiet.get("error_class") or "error") if errored else None,
+        "error": str(quiet.get("error"))[:2000] if quiet.get("error") else None,
+        "truncated": bool(given.truncated),
+        "wall_s": round(wall_s, 3),
+    }
+    finished = await link.mutate("sweep_trial_finish", **fields)
+    cell_row: dict[str, Any] = finished["cell"]
+    return cell_row
+
+
+async def _stop_overdue(link: DaemonLink, session: str) -> dict[str, Any]:
+    """A trial past its wall time: abort its tree and give it a moment to record the end."""
+    with contextlib.suppress(UserError):
+        await link.mutate("abort", session=session)
+    settled: dict[str, Any] = {}
+    with contextlib.suppress(UserError, TimeoutError):
+        settled = await asyncio.wait_for(
+            link.call("wait_quiet", session=session, timeout_s=ABORT_SETTLE_S, release=True),
+            ABORT_SETTLE_S + WAIT_SLACK_S,
+        )
+    return {**settled, "reason": "aborted", "stop_reason": "wall_time", "error": None}
+
+
+async def run_sweep(
+    spec: SweepFile,
+    settings: Settings,
+    data_dir: Path,
+    *,
+    link_factory: Callable[[], DaemonLink],
+) -> int:
+    """Run ``spec``'s unscored cells; the exit code of the sweep's end (``SWEEP_EXIT_CODES``)."""
+    from orchestrator.sweeps.grid import expand
+
+    cells = expand(spec)
+    async with link_factory() as link:
+        progress = SweepProgress(spec.name, total=len(cells))
+        run = _Run(
+            spec=spec,
+            settings=settings,
+            link=link,
+            data_dir=data_dir,
+            progress=progress,
+            slots=asyncio.Semaphore(spec.concurrency.in_flight),
+            stop=asyncio.Event(),
+        )
+        rows = await _open(run, cells)
+        states = {row["fingerprint"]: row for row in rows}
+        todo = [c for c in cells if states[c.fingerprint]["state"] != "scored"]
+        progress.done = len(cells) - len(todo)
+        progress.cost_usd = sum(float(r.get("cost_usd") or 0) for r in rows)
+        progress.tokens = sum(int(r.get("tokens") or 0) for r in rows)
+        progress.show()
+        tasks = [asyncio.ensure_future(_trial(run, cell)) for cell in todo]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        if run.stop_state is not None:
+            state = run.stop_state
+        else:
+            state = "done" if progress.done == len(cells) else "incomplete"
+        if state != "cancelled":
+            closed = await link.mutate("sweep_close", name=spec.name, state=state)
+            state = str(closed["sweep"]["state"])
+        progress.show(final=True)
+        print(f"sweep {spec.name}: {state}", file=sys.stderr)
+        return SWEEP_EXIT_CODES.get(state, EXIT_ERROR)

@@ -1,0 +1,215 @@
+"""The sweep commands (docs/sweeps.md): the runner (``cli/sweep_runner.py``) decides what runs;
+the daemon owns the tables (``store/sweeps.py``) and adds what only it knows — a trial's
+tokens and cost summed over its session tree, and whether another runner is still alive.
+
+A sweep has one runner at a time: ``sweep_open`` is refused while the process recorded as its
+runner is alive on this host (the runner and the daemon share it), so two ``sweep run`` of one
+name never run a cell twice.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from orchestrator.api.errors import ApiCommandError
+from orchestrator.api.protocol import (
+    JsonObject,
+    SweepAddCells,
+    SweepCancel,
+    SweepClose,
+    SweepOpen,
+    SweepStatus,
+    SweepTrialFinish,
+    SweepTrialStart,
+)
+from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT, E_NOT_FOUND
+from orchestrator.daemon.command_context import CommandContext
+from orchestrator.errors import StoreError
+from orchestrator.store import sweeps as tables
+from orchestrator.store.eval_results import select_tree_usage
+from orchestrator.store.queries import utcnow
+
+__all__ = ["SweepCommand", "handle_sweep"]
+
+SweepCommand = (
+    SweepOpen
+    | SweepAddCells
+    | SweepTrialStart
+    | SweepTrialFinish
+    | SweepStatus
+    | SweepCancel
+    | SweepClose
+)
+AbortSession = Callable[[str], Awaitable[Any]]
+# What sweep_status answers per cell page, besides the cells: the whole sweep's counts.
+_TOTALS_SQL: Final = """
+SELECT state, count(*), coalesce(sum(cost_usd), 0), coalesce(sum(tokens), 0)
+FROM sweep_cells WHERE sweep = $1 GROUP BY state
+"""
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+async def handle_sweep(
+    daemon: CommandContext, command: SweepCommand, abort: AbortSession
+) -> JsonObject:
+    try:
+        match command:
+            case SweepOpen():
+                return await _open(daemon, command)
+            case SweepAddCells():
+                return await _add_cells(daemon, command)
+            case SweepTrialStart():
+                return await _trial_start(daemon, command)
+            case SweepTrialFinish():
+                return await _trial_finish(daemon, command)
+            case SweepStatus():
+                return await _status(daemon, command)
+            case SweepCancel():
+                return await _cancel(daemon, command, abort)
+            case SweepClose():
+                row = await daemon.store.transaction(
+                    lambda con: tables.close_sweep(con, command.name, command.state, utcnow())
+                )
+                return {"sweep": row.to_wire()}
+    except tables.SweepNotRunning as exc:
+        raise ApiCommandError(E_BUSY, str(exc)) from None
+    except StoreError as exc:
+        code = E_NOT_FOUND if str(exc).startswith("no ") else E_INVALID_ARGUMENT
+        raise ApiCommandError(code, str(exc)) from None
+    raise AssertionError(f"unhandled sweep command {command.type}")  # pragma: no cover
+
+
+async def _open(daemon: CommandContext, command: SweepOpen) -> JsonObject:
+    now = utcnow()
+
+    def run(con: Any) -> tuple[int, tables.SweepRow]:
+        row = tables.select_sweep(con, command.name)
+        if row is not None and row.runner_pid != command.runner_pid and _alive(row.runner_pid):
+            raise ApiCommandError(
+                E_BUSY,
+                f"sweep {command.name} is being run by process {row.runner_pid}; "
+                f"wait for it, or stop it with prime-agent sweep cancel {command.name}",
+            )
+        abandoned = tables.open_sweep(
+            con,
+            name=command.name,
+            spec=command.spec,
+            digest=command.digest,
+            runner_pid=command.runner_pid,
+            now=now,
+        )
+        opened = tables.select_sweep(con, command.name)
+        assert opened is not None
+        return abandoned, opened
+
+    abandoned, row = await daemon.store.transaction(run)
+    return {"sweep": row.to_wire(), "abandoned": abandoned}
+
+
+async def _add_cells(daemon: CommandContext, command: SweepAddCells) -> JsonObject:
+    cells = [c.model_dump() for c in command.cells]
+
+    def run(con: Any) -> list[tables.CellRow]:
+        if tables.select_sweep(con, command.name) is None:
+            raise StoreError(f"no sweep {command.name!r}")
+        _, rows = tables.open_cells(con, command.name, cells, utcnow())
+        return rows
+
+    rows = await daemon.store.transaction(run)
+    return {"cells": [r.to_wire() for r in rows]}
+
+
+async def _trial_start(daemon: CommandContext, command: SweepTrialStart) -> JsonObject:
+    rec = await daemon.store.get_session(command.session)
+    if rec is None:
+        raise ApiCommandError(E_NOT_FOUND, f"no session {command.session!r}")
+    trial = await daemon.store.transaction(
+        lambda con: tables.start_trial(
+            con,
+            sweep=command.name,
+            fingerprint=command.fingerprint,
+            session_id=rec.id,
+            now=utcnow(),
+        )
+    )
+    return {"trial": trial, "session": rec.id}
+
+
+async def _trial_finish(daemon: CommandContext, command: SweepTrialFinish) -> JsonObject:
+    outcome = tables.TrialOutcome(
+        state=command.state,
+        score=command.score,
+        answer=command.answer,
+        stop_reason=command.stop_reason,
+        error_class=command.error_class,
+        error=command.error,
+        truncated=command.truncated,
+        wall_s=command.wall_s,
+    )
+
+    def run(con: Any) -> tables.CellRow:
+        session = tables.trial_session(con, command.trial)
+        usage = select_tree_usage(con, session)
+        return tables.finish_trial(
+            con,
+            trial_id=command.trial,
+            outcome=outcome,
+            tokens_input=usage.input,
+            tokens_output=usage.output,
+            cost_usd=usage.cost_usd,
+            cost_known=usage.cost_known,
+            now=utcnow(),
+        )
+
+    cell = await daemon.store.transaction(run)
+    return {"cell": cell.to_wire()}
+
+
+async def _status(daemon: CommandContext, command: SweepStatus) -> JsonObject:
+    def run(con: Any) -> tuple[tables.SweepRow | None, list[tables.CellRow], list[Any]]:
+        row = tables.select_sweep(con, command.name)
+        if row is None:
+            return None, [], []
+        cells = tables.select_cells(con, command.name, offset=command.offset, limit=command.limit)
+        return row, cells, con.execute(_TOTALS_SQL, [command.name]).fetchall()
+
+    row, cells, totals = await daemon.store.read_side(run)
+    if row is None:
+        raise ApiCommandError(E_NOT_FOUND, f"no sweep {command.name!r}")
+    counts = {state: int(n) for state, n, _, _ in totals}
+    return {
+        "sweep": {**row.to_wire(), "runner_alive": _alive(row.runner_pid)},
+        "counts": counts,
+        "cells_total": sum(counts.values()),
+        "cost_usd": float(sum(cost for _, _, cost, _ in totals)),
+        "tokens": int(sum(tokens for _, _, _, tokens in totals)),
+        "cells": [c.to_wire() for c in cells],
+        "offset": command.offset,
+    }
+
+
+async def _cancel(daemon: CommandContext, command: SweepCancel, abort: AbortSession) -> JsonObject:
+    running = await daemon.store.transaction(
+        lambda con: tables.cancel_sweep(con, command.name, utcnow())
+    )
+    aborted: list[str] = []
+    for session in running:
+        try:
+            await abort(session)
+        except ApiCommandError:
+            continue  # gone meanwhile: nothing to stop
+        aborted.append(session)
+    return {"sweep": command.name, "cancelled": True, "aborted": aborted}

@@ -1,0 +1,78 @@
+"""How an answer scores against its task, in [0, 1], exactly and without a model:
+
+- ``contains``: 1 when the expected text appears in the answer as a whole token (``1234``
+  does not match inside ``12345``);
+- ``numeric``: ``0.75 ** |answer - expected|`` for the last number in the answer (0 when it
+  has none), Oolong's partial credit;
+- ``exact``: 1 when the answer, or its last line, is the expected text once case, surrounding
+  punctuation, quotes and markdown emphasis are set aside;
+- ``pairs_f1``: F1 of the pairs the answer lists (``(a, b)``, order within a pair ignored)
+  against the expected pairs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from orchestrator.sweeps.tasks import Task
+
+__all__ = ["NUMERIC_BASE", "score"]
+
+NUMERIC_BASE: Final = 0.75
+_NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
+_PAIR_RE: Final = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
+_STRIP: Final = " \t\n.,;:!?\"'`*_()[]"
+_ANSWER_PREFIX_RE: Final = re.compile(r"^(?:final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+
+
+def _normal(text: str) -> str:
+    text = _ANSWER_PREFIX_RE.sub("", text.strip().strip(_STRIP))
+    return " ".join(text.strip(_STRIP).lower().split())
+
+
+def _contains(answer: str, expected: str) -> float:
+    pattern = rf"(?<![\w]){re.escape(expected)}(?![\w])"
+    return 1.0 if re.search(pattern, answer, re.IGNORECASE) else 0.0
+
+
+def _numeric(answer: str, expected: float) -> float:
+    found = _NUMBER_RE.findall(answer.replace(",", ""))
+    if not found:
+        return 0.0
+    return float(NUMERIC_BASE ** abs(float(found[-1]) - float(expected)))
+
+
+def _exact(answer: str, expected: str) -> float:
+    want = _normal(expected)
+    lines = [line for line in answer.strip().splitlines() if line.strip()]
+    candidates = [answer] + ([lines[-1]] if lines else [])
+    return 1.0 if any(_normal(c) == want for c in candidates) else 0.0
+
+
+def _pairs(text: str) -> set[frozenset[str]]:
+    return {frozenset((a.strip().lower(), b.strip().lower())) for a, b in _PAIR_RE.findall(text)}
+
+
+def _pairs_f1(answer: str, expected: list[Any]) -> float:
+    want = {frozenset(str(x).lower() for x in pair) for pair in expected}
+    got = _pairs(answer)
+    if not want and not got:
+        return 1.0
+    hits = len(want & got)
+    if hits == 0:
+        return 0.0
+    precision, recall = hits / len(got), hits / len(want)
+    return 2 * precision * recall / (precision + recall)
+
+
+def score(task: Task, answer: str) -> float:
+    match task.scoring:
+        case "contains":
+            return _contains(answer, str(task.expected))
+        case "numeric":
+            return _numeric(answer, float(task.expected))
+        case "exact":
+            return _exact(answer, str(task.expected))
+        case "pairs_f1":
+            return _pairs_f1(answer, list(task.expected))

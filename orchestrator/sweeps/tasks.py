@@ -1,0 +1,51 @@
+"""A task: what a trial asks, the long context it comes with, and how its answer is scored.
+
+Built-in suites generate tasks deterministically (``sweeps/suites``); a task's ``content_hash``
+covers everything that changes what a trial sees or how it is scored, so a sweep cell's
+fingerprint changes exactly when its task does (``sweeps/grid.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+__all__ = ["CHARS_PER_TOKEN", "Scoring", "Task"]
+
+# How suites size a context in tokens without a tokenizer: English prose runs about four
+# characters a token for the common BPE vocabularies.
+CHARS_PER_TOKEN: Final = 4
+
+Scoring = Literal["contains", "numeric", "exact", "pairs_f1"]
+
+
+@dataclass(frozen=True)
+class Task:
+    suite: str
+    id: str  # unique within the suite, e.g. "s-niah/8000/3"
+    question: str
+    context: str  # the long context ("" when there is none)
+    expected: Any  # JSON data: what scores 1
+    scoring: Scoring
+    params: dict[str, Any] = field(default_factory=dict)  # e.g. {"context_tokens": 8000}
+
+    @property
+    def content_hash(self) -> str:
+        body = {
+            "suite": self.suite,
+            "id": self.id,
+            "question": self.question,
+            "context": hashlib.sha256(self.context.encode()).hexdigest(),
+            "expected": self.expected,
+            "scoring": self.scoring,
+            "params": self.params,
+        }
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def context_tokens(self) -> int | None:
+        value = self.params.get("context_tokens")
+        return int(value) if value is not None else None

@@ -1,0 +1,219 @@
+"""Sweeps as a user runs them (issue 19): real ``prime-agent sweep`` processes, a real daemon
+started by the CLI, real sandboxes, two scripted models over HTTP — one that finds the needle,
+one that never does — so the scores say which model ran which cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from orchestrator.testing import FakeModelServer
+from tests.helpers import cli, stop_daemons, wait_until, write_config
+
+# Bounds, not expectations: 24 trials on 2 loaded cores.
+SWEEP_TIMEOUT_S = 600.0
+KILL_WAIT_S = 120.0
+
+# Finds the needle: from context.txt with code (rlm), or in the prompt itself (vanilla).
+FINDER = r"""
+repeat forever:
+    when "context.txt":
+        code:
+            import re
+            print(re.search(r"magic number is \d+", open("context.txt").read()).group(0))
+    when re "magic number is ([0-9]+)": text: The number is \1.
+    else: text: no idea
+"""
+DUD = """
+repeat forever:
+    text: I could not find it.
+"""
+# The finder, slowly: each reply waits, so a kill lands while trials are in flight.
+SLOW_FINDER = r"""
+repeat forever:
+    when "context.txt":
+        slow 0.5
+        code:
+            import re
+            print(re.search(r"magic number is \d+", open("context.txt").read()).group(0))
+    when re "magic number is ([0-9]+)":
+        slow 0.5
+        text: The number is \1.
+    else: text: no idea
+"""
+
+SWEEP = """
+name: {name}
+suites: [{{suite: s-niah, tasks: 3, context_tokens: [600]}}]
+models:
+  - {{model: openai/finder, input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0}}
+  - openai/dud
+variants: [{{name: rlm}}, {{name: vanilla, rlm: false}}]
+seeds: {seeds}
+concurrency: {{trials: 4, sandboxes: 4}}
+"""
+
+
+@pytest.fixture
+def autostart(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
+    yield
+    stop_daemons(os.environ["XDG_RUNTIME_DIR"])
+
+
+def _models(finder: FakeModelServer, dud: FakeModelServer) -> None:
+    write_config(
+        "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
+        f'[models."openai/finder"]\napi_base = "{finder.url}"\n'
+        f'[models."openai/dud"]\napi_base = "{dud.url}"\n'
+    )
+
+
+def _sweep_file(tmp_path: Path, name: str, seeds: str = "[1, 2]") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(SWEEP.format(name=name, seeds=seeds))
+    return path
+
+
+def _cells(name: str) -> list[dict[str, Any]]:
+    shown = cli(["sweep", "status", name, "--json"])
+    assert shown.returncode == 0, shown.stderr
+    return [json.loads(line) for line in shown.stdout.splitlines()]
+
+
+def test_a_sweep_runs_every_cell_once_and_resumes_by_cell(autostart: None, tmp_path: Path) -> None:
+    with FakeModelServer(FINDER) as finder, FakeModelServer(DUD) as dud:
+        _models(finder, dud)
+        path = _sweep_file(tmp_path, "niah")
+        ran = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert ran.returncode == 0, ran.stderr
+        assert "sweep niah: done" in ran.stderr
+
+        # 3 tasks × 2 models × 2 variants × 2 seeds, each scored once, by the right model.
+        cells = _cells("niah")
+        assert len(cells) == 24
+        assert {c["state"] for c in cells} == {"scored"}
+        assert all(c["trials"] == 1 and c["session_id"] for c in cells)
+        by_model = {
+            m: [c["score"] for c in cells if c["model"] == m]
+            for m in ("openai/finder", "openai/dud")
+        }
+        assert by_model == {"openai/finder": [1.0] * 12, "openai/dud": [0.0] * 12}
+        assert all(c["tokens"] > 0 for c in cells)
+        # Prices declared in the sweep file price the finder's calls; the dud's are unknown.
+        assert all(c["cost_usd"] > 0 and c["cost_known"] for c in cells if "finder" in c["model"])
+        assert not any(c["cost_known"] for c in cells if "dud" in c["model"])
+        # The rlm variant read the context with code; vanilla got it in its prompt.
+        rlm_prompts = [
+            r for r in finder.requests if "context.txt" in json.dumps(r["messages"][1:2])
+        ]
+        assert len(rlm_prompts) >= 6
+
+        # The same file again: nothing runs, nothing is counted twice.
+        asked = len(finder.requests) + len(dud.requests)
+        again = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert again.returncode == 0, again.stderr
+        assert len(finder.requests) + len(dud.requests) == asked
+        assert _cells("niah") == cells
+
+        # A third seed: only its 12 new cells run; the old ones keep their rows.
+        more = _sweep_file(tmp_path, "niah", seeds="[1, 2, 3]")
+        grown = cli(["sweep", "run", str(more)], timeout=SWEEP_TIMEOUT_S)
+        assert grown.returncode == 0, grown.stderr
+        after = _cells("niah")
+        assert len(after) == 36
+        assert [c for c in after if c["seed"] != 3] == cells
+        assert all(c["state"] == "scored" for c in after)
+
+        # Results where users query them: the table, and the exports.
+        table = cli(["sweep", "status", "niah"])
+        assert table.returncode == 0, table.stderr
+        assert "36 scored" in table.stdout
+        finder_rows = [line.split() for line in table.stdout.splitlines() if "finder" in line]
+        assert [row[2] for row in finder_rows] == ["1.000", "1.000"]
+        for fmt in ("parquet", "csv", "jsonl"):
+            out = tmp_path / f"cells.{fmt}"
+            exported = cli(["sweep", "export", "niah", "--format", fmt, "--out", str(out)])
+            assert exported.returncode == 0, exported.stderr
+        con = duckdb.connect()
+        scored = con.execute(
+            f"SELECT model, avg(score), count(*) FROM '{tmp_path / 'cells.parquet'}' "
+            "GROUP BY model ORDER BY model"
+        ).fetchall()
+        assert scored == [("openai/dud", 0.0, 18), ("openai/finder", 1.0, 18)]
+        assert len((tmp_path / "cells.csv").read_text().splitlines()) == 37
+        assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 36
+
+        # The report's numbers are the cells' (the pictures are tests/unit/test_sweep_report's).
+        report_dir = tmp_path / "report"
+        reported = cli(["sweep", "report", "niah", "--out", str(report_dir)])
+        assert reported.returncode == 0, reported.stderr
+        numbers = json.loads((report_dir / "summary.json").read_text())
+        groups = {(g["model"], g["variant"]): g for g in numbers["groups"]}
+        for (model, variant), group in groups.items():
+            mine = [c for c in after if c["model"] == model and c["variant"] == variant]
+            assert group["scored"] == len(mine) == 9
+            assert group["score"] == sum(c["score"] for c in mine) / len(mine)
+            assert group["tokens"] == sum(c["tokens"] for c in mine)
+        assert {g["score"] for g in groups.values()} == {0.0, 1.0}
+        assert "| openai/finder | rlm | 1.000 |" in reported.stdout
+        assert (report_dir / "index.html").stat().st_size > 0
+
+
+def test_a_killed_run_resumes_without_rerunning_finished_cells(
+    autostart: None, tmp_path: Path
+) -> None:
+    with FakeModelServer(SLOW_FINDER) as finder, FakeModelServer(DUD) as dud:
+        _models(finder, dud)
+        path = _sweep_file(tmp_path, "killed")
+        started = cli(["daemon", "start"])
+        assert started.returncode == 0, started.stderr
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "sweep", "run", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        try:
+            scored_first: list[dict[str, Any]] = []
+
+            def some_scored() -> bool:
+                shown = cli(["sweep", "status", "killed", "--json"])
+                if shown.returncode != 0:  # not opened yet
+                    assert "no sweep" in shown.stderr, shown.stderr
+                    return False
+                cells = [json.loads(line) for line in shown.stdout.splitlines()]
+                scored_first[:] = [c for c in cells if c["state"] == "scored"]
+                return len(scored_first) >= 3
+
+            assert wait_until(some_scored, timeout=KILL_WAIT_S, interval=0.5)
+            runner.send_signal(signal.SIGKILL)
+            assert len(scored_first) < 24  # the kill landed mid-sweep
+            runner.wait(timeout=30)
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait()
+        resumed = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert resumed.returncode == 0, resumed.stderr
+        final = {c["fingerprint"]: c for c in _cells("killed")}
+        assert len(final) == 24 and {c["state"] for c in final.values()} == {"scored"}
+        # What had finished before the kill kept its trial, its session and its score.
+        for cell in scored_first:
+            assert final[cell["fingerprint"]] == cell
+        # A cell in flight at the kill ran again: its first trial was abandoned, not counted.
+        rerun = [c for c in final.values() if c["trials"] > 1]
+        said = re.search(r"(\d+) trial\(s\) of an interrupted run abandoned", resumed.stderr)
+        assert (int(said.group(1)) if said else 0) == len(rerun)
+        assert all(c["trials"] == 2 for c in rerun)
