@@ -85,6 +85,7 @@ __all__ = [
     "HarnessSettings",
     "ModelConfig",
     "NatsSettings",
+    "ProviderLimitsConfig",
     "SandboxSettings",
     "Settings",
     "load_settings",
@@ -150,6 +151,15 @@ COMPACTION_DROP_VARIABLE_BYTES = 16 * MIB
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProviderLimitsConfig(_Strict):
+    """``[providers."KEY"]``: what one endpoint (an ``api_base``, or a provider such as
+    ``openai``) allows every session of the daemon together (models/provider_gate.py)."""
+
+    connections: int | None = Field(default=None, ge=1)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
 
 
 class ModelConfig(_Strict):
@@ -230,6 +240,7 @@ class NatsSettings(_Strict):
 class Settings(_Strict):
     default_model: str | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
+    providers: dict[str, ProviderLimitsConfig] = Field(default_factory=dict)
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)

@@ -87,6 +87,7 @@ __all__ = [
     "SweepCellSpec",
     "SweepClose",
     "SweepOpen",
+    "SweepProviderLimits",
     "SweepStatus",
     "SweepTrialFinish",
     "SweepTrialStart",
@@ -603,6 +604,12 @@ MAX_ERROR_CHARS: Final = 2_000
 SweepName = Annotated[str, StringConstraints(pattern=SWEEP_NAME_PATTERN)]
 
 
+class SweepProviderLimits(_ClientModel):
+    connections: int | None = Field(default=None, ge=1)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+
+
 class SweepOpen(_Command):
     """Create the sweep ``name`` or take it over for the runner ``runner_pid`` (refused while
     another runner of it is alive); a dead runner's trials are abandoned."""
@@ -612,6 +619,9 @@ class SweepOpen(_Command):
     spec: dict[str, Any]
     digest: Token
     runner_pid: int = Field(ge=1)
+    # Per endpoint key: {connections, requests_per_minute, tokens_per_minute}, applied to the
+    # daemon's provider gates (models/provider_gate.py) for every session from now on.
+    providers: dict[Token, SweepProviderLimits] = Field(default_factory=dict, max_length=64)
 
 
 class SweepCellSpec(_ClientModel):

@@ -170,6 +170,9 @@ async def _open(run: _Run, cells: list[Cell]) -> list[dict[str, Any]]:
         spec={**spec.normalised(), "harness": HARNESS_VERSION},
         digest=spec.digest(),
         runner_pid=os.getpid(),
+        providers={
+            key: limits.model_dump(exclude_none=True) for key, limits in spec.providers.items()
+        },
     )
     if opened.get("abandoned"):
         print(

@@ -27,6 +27,7 @@ from orchestrator.api.protocol import (
 from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT, E_NOT_FOUND
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import StoreError
+from orchestrator.models.provider_gate import ProviderLimits, provider_gates
 from orchestrator.store import sweeps as tables
 from orchestrator.store.eval_results import select_tree_usage
 from orchestrator.store.queries import utcnow
@@ -116,6 +117,9 @@ async def _open(daemon: CommandContext, command: SweepOpen) -> JsonObject:
         return abandoned, opened
 
     abandoned, row = await daemon.store.transaction(run)
+    gates = provider_gates()
+    for key, limits in command.providers.items():
+        gates.configure(key, ProviderLimits(**limits.model_dump()))
     return {"sweep": row.to_wire(), "abandoned": abandoned}
 
 

@@ -28,6 +28,12 @@ from orchestrator.errors import (
     ProviderError,
 )
 from orchestrator.models.cost import lookup_prices
+from orchestrator.models.provider_gate import (
+    ProviderLimits,
+    estimate_tokens,
+    gate_key,
+    provider_gates,
+)
 from orchestrator.models.registry import ResolvedModel
 from orchestrator.models.reply import RETRYABLE, AttemptFailed, ModelReply, RetryInfo
 from orchestrator.settings import Settings
@@ -68,6 +74,12 @@ class ModelClient:
         self.transport = transport_for(model, settings)
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self._prices_looked_up = False
+        key = gate_key(model.provider, model.api_base)
+        gates = provider_gates()
+        limits = settings.providers.get(key)
+        if limits is not None:
+            gates.configure_from_config(key, ProviderLimits(**limits.model_dump()))
+        self.gate = gates.gate(key)
 
     async def _look_up_prices(self) -> None:
         """A reply's cost needs the model's prices, and the first look reads litellm's price
@@ -90,12 +102,18 @@ class ModelClient:
         attempts = self.settings.model_max_retries + 1
         connection_failures = 0
         last: AttemptFailed | None = None
+        gate = self.gate
+        estimate = estimate_tokens(messages) if gate.counts_tokens else 0
         for attempt in range(1, attempts + 1):
-            started = time.monotonic()
             try:
-                reply = await self.transport.attempt(messages, tools, temperature, on_delta)
+                async with gate.call(estimate) as used:
+                    started = time.monotonic()
+                    reply = await self.transport.attempt(messages, tools, temperature, on_delta)
+                    used(reply.usage.input + reply.usage.output)
             except AttemptFailed as exc:
                 last = exc
+                if exc.kind == "rate_limited" and exc.retry_after_s:
+                    gate.pause(exc.retry_after_s)  # every session's next call to it waits
                 if not exc.connected:
                     connection_failures += 1
                 if exc.kind not in RETRYABLE or attempt == attempts:

@@ -36,6 +36,7 @@ __all__ = [
     "MIN_CONTEXT_TOKENS",
     "Budgets",
     "Concurrency",
+    "ProviderEntry",
     "SuiteEntry",
     "SweepFile",
     "SweepModel",
@@ -163,6 +164,15 @@ class Concurrency(_Section):
         return min(self.trials, self.sandboxes)
 
 
+class ProviderEntry(_Section):
+    """What one endpoint allows the whole sweep (and the daemon's other sessions): calls in
+    flight and rates; applied to the daemon's gate for that key (models/provider_gate.py)."""
+
+    connections: int | None = Field(default=None, ge=1)
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+
+
 class SweepFile(_Section):
     name: str = Field(pattern=EVAL_NAME_PATTERN)
     suites: tuple[SuiteEntry, ...] = Field(min_length=1)
@@ -171,6 +181,8 @@ class SweepFile(_Section):
     seeds: tuple[int, ...] = Field(default=(1,), min_length=1)
     budgets: Budgets = Budgets()
     concurrency: Concurrency = Concurrency()
+    # By endpoint: an api_base, or a provider name (openai, anthropic, ...).
+    providers: dict[str, ProviderEntry] = Field(default_factory=dict)
     backend: str | None = None
 
     @field_validator("backend")

@@ -350,3 +350,44 @@ def test_a_preloaded_price_map_is_not_read_again(monkeypatch: pytest.MonkeyPatch
     finally:
         price_map._read_table.cache_clear()
         price_map.model_entry.cache_clear()
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_one_sessions_retry_after_holds_every_sessions_calls_to_that_endpoint(
+    client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions share an account's quota: a 429 with Retry-After that one session's call got
+    holds the next call of every session to the same endpoint (models/provider_gate.py)."""
+    from orchestrator.models import provider_gate
+
+    clock = _FakeClock()
+    monkeypatch.setattr(
+        provider_gate, "_process_gates", provider_gate.ProviderGates(clock, clock.sleep)
+    )
+    settings = Settings(model_client=client, model_max_retries=0)  # type: ignore[arg-type]
+    async with FakeModelServer("429 retry-after=30\n---\ntext: second") as srv:
+        first = ModelClient(
+            resolve_model("openai/fake", settings, api_base=srv.url, env={}), settings
+        )
+        other = ModelClient(
+            resolve_model("openai/fake", settings, api_base=srv.url, env={}), settings
+        )
+        with pytest.raises(ModelError):
+            await first.complete(MESSAGES)
+        assert clock.now == 0.0 and len(srv.requests) == 1
+        reply = await other.complete(MESSAGES)
+        assert reply.text == "second"
+        assert clock.now == pytest.approx(30.0)  # it waited before asking
+        assert len(srv.requests) == 2

@@ -25,6 +25,7 @@ variants: [{name: rlm}, {name: vanilla, rlm: false}]
 seeds: [1, 2, 3]
 budgets: {trial_tokens: 200000, sweep_cost_usd: 20}
 concurrency: {trials: 8, sandboxes: 8}
+providers: {openai: {connections: 4, requests_per_minute: 500}}
 """
 
 
@@ -43,6 +44,7 @@ def test_the_issues_example_loads(tmp_path: Path) -> None:
     ]
     assert [(v.name, v.rlm) for v in spec.variants] == [("rlm", True), ("vanilla", False)]
     assert spec.concurrency.in_flight == 8 and spec.budgets.sweep_cost_usd == 20
+    assert spec.providers["openai"].connections == 4
 
 
 @pytest.mark.parametrize(
@@ -62,6 +64,11 @@ def test_the_issues_example_loads(tmp_path: Path) -> None:
         (
             "name: x\nsuites: [{suite: s-niah, context_tokens: [10]}]\nmodels: [openai/m]\n",
             "each length must be",
+        ),
+        (
+            "name: x\nsuites: [{suite: s-niah}]\nmodels: [openai/m]\n"
+            "providers: {openai: {connections: 0}}\n",
+            "providers.openai.connections: must be >= 1",
         ),
         ("name: 'a b'\nsuites: [{suite: s-niah}]\nmodels: [openai/m]\n", "name: must be letters"),
     ],
