@@ -162,3 +162,23 @@ def test_a_trial_gets_its_context_by_variant() -> None:
     assert vanilla.task.context in full.prompt and not full.truncated and not full.files
     cut = trial_input(vanilla, context_window=200)
     assert cut.truncated and len(cut.prompt) < len(vanilla.task.context)
+
+
+def test_oolong_pairs_are_exactly_the_pairs_that_meet_the_condition() -> None:
+    from itertools import combinations
+
+    from orchestrator.sweeps.suites.oolong_pairs_synth import YEAR_WINDOW
+
+    for task in generate("oolong-pairs-synth", 2, [1500], seed=5):
+        people = re.findall(r"Record \d+: (.+?) lives in (\w+) and started working in (\d+)\.",
+                            task.context)  # fmt: skip
+        assert len(people) == task.params["records"]
+        truth = {
+            frozenset((a[0], b[0]))
+            for a, b in combinations(people, 2)
+            if a[1] == b[1] and abs(int(a[2]) - int(b[2])) <= YEAR_WINDOW
+        }
+        assert {frozenset(p) for p in task.expected} == truth and truth
+        answer = " ".join(f"({a}, {b})" for a, b in task.expected)
+        assert score(task, answer) == 1.0
+        assert 0 < score(task, answer.split(") (")[0] + ")") < 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from orchestrator.sweeps.suites import oolong_synth, s_niah
+from orchestrator.sweeps.suites import oolong_pairs_synth, oolong_synth, s_niah
 from orchestrator.sweeps.tasks import Task
 
 __all__ = ["SUITES", "SUITE_NAMES", "Generate", "generate"]
@@ -20,6 +20,7 @@ Generate = Callable[[int, Sequence[int] | None, int], list[Task]]
 SUITES: Final[dict[str, Generate]] = {
     s_niah.SUITE: s_niah.generate,
     oolong_synth.SUITE: oolong_synth.generate,
+    oolong_pairs_synth.SUITE: oolong_pairs_synth.generate,
 }
 SUITE_NAMES: Final = tuple(SUITES)
 
