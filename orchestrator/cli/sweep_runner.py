@@ -239,7 +239,14 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
     for name, text in given.files.items():
-        (workdir / name).write_text(text, encoding="utf-8")
+        path = workdir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    autonomous: dict[str, Any] | None = None
+    if cell.task.gates:  # a gated task runs in autonomous mode until its gates pass
+        autonomous = {"gates": list(cell.task.gates)}
+        if spec.budgets.trial_turns is not None:
+            autonomous["max_turns"] = spec.budgets.trial_turns
     created = await link.mutate(
         "create_session",
         cwd=str(workdir),
@@ -248,6 +255,7 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
         backend=spec.backend,
         name=f"{spec.name}/{cell.fingerprint[:12]}",
         refine=cell.variant.refine,
+        autonomous=autonomous,
         settings=_session_settings(spec, cell) or None,
         client_env=_client_env(cell, run.settings),
     )
@@ -275,7 +283,7 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
     fields: dict[str, Any] = {
         "trial": trial,
         "state": "errored" if errored else "scored",
-        "score": None if errored else score(cell.task, answer),
+        "score": None if errored else score(cell.task, answer, reason),
         "answer": answer[:20_000] or None,
         "stop_reason": reason[:128],
         "error_class": str(quiet.get("error_class") or "error") if errored else None,

@@ -6,6 +6,7 @@
   has none), Oolong's partial credit;
 - ``exact``: 1 when the answer, or its last line, is the expected text once case, surrounding
   punctuation, quotes and markdown emphasis are set aside;
+- ``gate``: 1 when the trial's autonomous run stopped with every gate passed in the sandbox;
 - ``pairs_f1``: F1 of the pairs the answer lists (``(a, b)``, order within a pair ignored)
   against the expected pairs.
 """
@@ -20,6 +21,7 @@ from orchestrator.sweeps.tasks import Task
 __all__ = ["NUMERIC_BASE", "score"]
 
 NUMERIC_BASE: Final = 0.75
+GATE_PASSED: Final = "gate_passed"  # the autonomous stop reason when every gate passed
 _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR_RE: Final = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
 _STRIP: Final = " \t\n.,;:!?\"'`*_()[]"
@@ -66,8 +68,11 @@ def _pairs_f1(answer: str, expected: list[Any]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def score(task: Task, answer: str) -> float:
+def score(task: Task, answer: str, stop_reason: str | None = None) -> float:
+    """``answer``'s score; a gated task scores by how its run stopped (``stop_reason``)."""
     match task.scoring:
+        case "gate":
+            return 1.0 if stop_reason == GATE_PASSED else 0.0
         case "contains":
             return _contains(answer, str(task.expected))
         case "numeric":

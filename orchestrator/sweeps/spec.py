@@ -141,16 +141,21 @@ class Variant(_Section):
 
 
 class Budgets(_Section):
-    """Per trial: tokens (the session tree's budget) and wall time; per sweep: cost and
-    tokens (no new trial starts once spent)."""
+    """Per trial: tokens (the session tree's budget), wall time, and the turns of a gated
+    task's autonomous run; per sweep: cost and tokens (no new trial starts once spent)."""
 
     trial_tokens: int | None = Field(default=None, ge=1)
     trial_wall_s: float | None = Field(default=None, gt=0)
+    trial_turns: int | None = Field(default=None, ge=1)  # turns of a gated (autonomous) trial
     sweep_cost_usd: float | None = Field(default=None, gt=0)
     sweep_tokens: int | None = Field(default=None, ge=1)
 
     def per_trial(self) -> dict[str, Any]:
-        return {"trial_tokens": self.trial_tokens, "trial_wall_s": self.trial_wall_s}
+        return {
+            "trial_tokens": self.trial_tokens,
+            "trial_wall_s": self.trial_wall_s,
+            "trial_turns": self.trial_turns,
+        }
 
 
 class Concurrency(_Section):

@@ -18,7 +18,7 @@ __all__ = ["CHARS_PER_TOKEN", "Scoring", "Task"]
 # characters a token for the common BPE vocabularies.
 CHARS_PER_TOKEN: Final = 4
 
-Scoring = Literal["contains", "numeric", "exact", "pairs_f1"]
+Scoring = Literal["contains", "numeric", "exact", "pairs_f1", "gate"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class Task:
     expected: Any  # JSON data: what scores 1
     scoring: Scoring
     params: dict[str, Any] = field(default_factory=dict)  # e.g. {"context_tokens": 8000}
+    files: dict[str, str] = field(default_factory=dict)  # the workspace it starts with
+    gates: tuple[str, ...] = ()  # commands that must pass in the sandbox (scoring "gate")
 
     @property
     def content_hash(self) -> str:
@@ -41,6 +43,8 @@ class Task:
             "expected": self.expected,
             "scoring": self.scoring,
             "params": self.params,
+            "files": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in self.files.items()},
+            "gates": list(self.gates),
         }
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()

@@ -40,7 +40,7 @@ class TrialInput:
 def trial_input(cell: Cell, context_window: int) -> TrialInput:
     task = cell.task
     if not task.context:
-        return TrialInput(task.question)
+        return TrialInput(task.question, dict(task.files))
     if cell.variant.rlm:
         prompt = RLM_PROMPT.format(
             question=task.question, chars=len(task.context), file=CONTEXT_FILE

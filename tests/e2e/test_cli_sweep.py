@@ -217,3 +217,39 @@ def test_a_killed_run_resumes_without_rerunning_finished_cells(
         said = re.search(r"(\d+) trial\(s\) of an interrupted run abandoned", resumed.stderr)
         assert (int(said.group(1)) if said else 0) == len(rerun)
         assert all(c["trials"] == 2 for c in rerun)
+
+
+# Fixes the slugify repository of the code-fix suite by editing its file, then says so.
+FIXER = r"""
+repeat forever:
+    when "failing test suite":
+        code:
+            path = "text_tools.py"
+            text = open(path).read()
+            open(path, "w").write(text.replace('"-".join(words)', '"-".join(words).lower()'))
+    else: text: fixed
+"""
+CODE_FIX_SWEEP = """
+name: fixes
+suites: [{suite: code-fix, tasks: 1}]
+models: [openai/finder, openai/dud]
+budgets: {trial_turns: 2}
+"""
+
+
+def test_a_code_fix_cell_scores_by_its_gate_in_the_sandbox(
+    autostart: None, tmp_path: Path
+) -> None:
+    with FakeModelServer(FIXER) as fixer, FakeModelServer(DUD) as dud:
+        _models(fixer, dud)
+        path = tmp_path / "fixes.yaml"
+        path.write_text(CODE_FIX_SWEEP)
+        ran = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert ran.returncode == 0, ran.stderr
+        cells = {c["model"]: c for c in _cells("fixes")}
+        assert cells["openai/finder"]["score"] == 1.0
+        assert cells["openai/finder"]["stop_reason"] == "gate_passed"
+        # The dud never edits the file: its gate fails until its turns run out.
+        assert cells["openai/dud"]["score"] == 0.0
+        assert cells["openai/dud"]["stop_reason"] != "gate_passed"
+        assert len(dud.requests) == 2  # trial_turns: 2

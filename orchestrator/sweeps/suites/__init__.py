@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from orchestrator.sweeps.suites import oolong_pairs_synth, oolong_synth, s_niah
+from orchestrator.sweeps.suites import code_fix, oolong_pairs_synth, oolong_synth, s_niah
 from orchestrator.sweeps.tasks import Task
 
 __all__ = ["SUITES", "SUITE_NAMES", "Generate", "generate"]
@@ -21,6 +21,7 @@ SUITES: Final[dict[str, Generate]] = {
     s_niah.SUITE: s_niah.generate,
     oolong_synth.SUITE: oolong_synth.generate,
     oolong_pairs_synth.SUITE: oolong_pairs_synth.generate,
+    code_fix.SUITE: code_fix.generate,
 }
 SUITE_NAMES: Final = tuple(SUITES)
 

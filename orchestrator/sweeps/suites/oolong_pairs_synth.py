@@ -27,21 +27,62 @@ _MIN_CITIES: Final = 4
 _SYLLABLES: Final = ("ka", "lo", "mi", "ra", "to", "ve", "su", "na", "de", "po", "ri", "ba")
 _LINE_CHARS: Final = 64  # about what one record line takes, to size the city list
 _FIRST: Final = (
-    "Ada", "Bela", "Chidi", "Dara", "Emeka", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kemal",
-    "Lena", "Mateo", "Nia", "Oskar", "Priya", "Quentin", "Rosa", "Sven", "Tariq", "Uma", "Vera",
-    "Wim", "Xiu", "Yara", "Zeno",
+    "Ada",
+    "Bela",
+    "Chidi",
+    "Dara",
+    "Emeka",
+    "Farah",
+    "Goran",
+    "Hana",
+    "Ivo",
+    "Jun",
+    "Kemal",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Oskar",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tariq",
+    "Uma",
+    "Vera",
+    "Wim",
+    "Xiu",
+    "Yara",
+    "Zeno",
 )
 _LAST: Final = (
-    "Abara", "Brandt", "Costa", "Dahl", "Eze", "Fujita", "Gallo", "Horvat", "Ilves", "Jensen",
-    "Kato", "Lind", "Mensah", "Novak", "Okafor", "Pereira", "Quist", "Rossi", "Sato", "Tamm",
+    "Abara",
+    "Brandt",
+    "Costa",
+    "Dahl",
+    "Eze",
+    "Fujita",
+    "Gallo",
+    "Horvat",
+    "Ilves",
+    "Jensen",
+    "Kato",
+    "Lind",
+    "Mensah",
+    "Novak",
+    "Okafor",
+    "Pereira",
+    "Quist",
+    "Rossi",
+    "Sato",
+    "Tamm",
 )
 _INITIALS: Final = tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _FIRST_YEAR: Final = 1990
 _LAST_YEAR: Final = 2020
 QUESTION: Final = (
     "List every pair of people in the records who live in the same city and whose start "
-    f"years differ by at most {YEAR_WINDOW}. Write each pair as (Name, Name) with the names as written, "
-    "all pairs in one answer; write none if there are none."
+    f"years differ by at most {YEAR_WINDOW}. Write each pair as (Name, Name), the names as "
+    "written, all pairs in one answer; write none if there are none."
 )
 
 
