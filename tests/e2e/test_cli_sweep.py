@@ -237,9 +237,7 @@ budgets: {trial_turns: 2}
 """
 
 
-def test_a_code_fix_cell_scores_by_its_gate_in_the_sandbox(
-    autostart: None, tmp_path: Path
-) -> None:
+def test_a_code_fix_cell_scores_by_its_gate_in_the_sandbox(autostart: None, tmp_path: Path) -> None:
     with FakeModelServer(FIXER) as fixer, FakeModelServer(DUD) as dud:
         _models(fixer, dud)
         path = tmp_path / "fixes.yaml"
