@@ -101,6 +101,12 @@ def _bwrap(a: argparse.Namespace) -> dict[str, Any]:
     return bench_bwrap.run(a.quick)
 
 
+def _sweep(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_sweep
+
+    return bench_sweep.run(a.quick)
+
+
 def _tui(a: argparse.Namespace) -> dict[str, Any]:
     from bench import bench_tui
 
@@ -119,6 +125,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]
     "bwrap": ("bwrap backend vs local and docker: first cell, per-cell round trip", _bwrap),
     "daemon": ("daemon: -p through it, attach latency, events/s, RSS", _daemon),
     "tui": ("TUI: transcript fold, replay render, streamed answer (no daemon)", _tui),
+    "sweep": ("sweep: one-step cells through the daemon, cells/s, CPU and memory", _sweep),
 }
 
 

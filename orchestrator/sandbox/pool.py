@@ -111,6 +111,12 @@ class WarmPool(Generic[P]):
                         return candidate
                 except SandboxError as exc:
                     log.warning("warm pool: a pooled sandbox failed its setup: %s", exc)
+                except BaseException:
+                    # Cancelled mid-setup (the session was unloaded while its sandbox was
+                    # being assigned): out of the pool and not handed out, so stopped here or
+                    # nowhere. Shielded: a second cancellation must not leave it running.
+                    await asyncio.shield(candidate.stop())
+                    raise
                 await candidate.stop()
         self._misses += 1
         return await self._cold_start(spec)

@@ -1062,9 +1062,11 @@ class Orchestrator:
                     await self.stop_session(live)
         if self._sandbox_stops:
             await asyncio.wait(set(self._sandbox_stops.values()))
-        for backend in self.backends.values():  # stops adopted sandboxes not loaded too
-            with contextlib.suppress(Exception):
+        for name, backend in self.backends.items():  # stops adopted sandboxes not loaded too
+            try:
                 await backend.close()
+            except Exception:
+                log.exception("closing the %s backend failed", name)
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
         await close_pools()  # the model connections kept alive for this loop's sessions

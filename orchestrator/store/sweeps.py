@@ -306,22 +306,43 @@ def finish_trial(
             "stop_reason = $10, error_class = $11, error = $12, truncated = $13, "
             "finished_at = $14 WHERE id = $1",
             [
-                trial_id, outcome.state, outcome.score, outcome.answer, tokens_input,
-                tokens_output, cost_usd, cost_known, outcome.wall_s, outcome.stop_reason,
-                outcome.error_class, outcome.error, outcome.truncated, ts,
+                trial_id,
+                outcome.state,
+                outcome.score,
+                outcome.answer,
+                tokens_input,
+                tokens_output,
+                cost_usd,
+                cost_known,
+                outcome.wall_s,
+                outcome.stop_reason,
+                outcome.error_class,
+                outcome.error,
+                outcome.truncated,
+                ts,
             ],
-        )  # fmt: skip
+        )
         con.execute(
             "UPDATE sweep_cells SET state = $3, score = $4, answer = $5, tokens = $6, "
             "cost_usd = $7, cost_known = $8, wall_s = $9, stop_reason = $10, "
             "error_class = $11, truncated = $12, updated_at = $13 "
             "WHERE sweep = $1 AND fingerprint = $2",
             [
-                sweep, fingerprint, outcome.state, outcome.score, outcome.answer,
-                tokens_input + tokens_output, cost_usd, cost_known, outcome.wall_s,
-                outcome.stop_reason, outcome.error_class, outcome.truncated, ts,
+                sweep,
+                fingerprint,
+                outcome.state,
+                outcome.score,
+                outcome.answer,
+                tokens_input + tokens_output,
+                cost_usd,
+                cost_known,
+                outcome.wall_s,
+                outcome.stop_reason,
+                outcome.error_class,
+                outcome.truncated,
+                ts,
             ],
-        )  # fmt: skip
+        )
     (cell,) = select_cells(con, sweep, [fingerprint])
     return cell
 

@@ -26,9 +26,17 @@ FIGURES: Final = ("score_vs_cost", "scores", "task_matrix", "score_vs_context")
 DPI: Final = 120
 WIDE: Final = (9.0, 5.0)
 PALETTE: Final = (
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
-    "#7f7f7f", "#bcbd22",
-)  # fmt: skip
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#9467bd",
+    "#ff7f0e",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+)
 MATRIX_MAX_TASKS: Final = 60  # more rows than this are unreadable: the first ones are shown
 
 
@@ -65,8 +73,9 @@ def _score_vs_cost(summary: SweepSummary, title: str) -> bytes:
     }
     for label, (cost, score) in points.items():
         ax.scatter(cost, score, s=80, color=colours[label], label=label)
-        ax.annotate(label, (cost, score), textcoords="offset points", xytext=(6, 6),
-                    fontsize="small")  # fmt: skip
+        ax.annotate(
+            label, (cost, score), textcoords="offset points", xytext=(6, 6), fontsize="small"
+        )
     frontier = [points[label] for label in summary.frontier if label in points]
     if len(frontier) > 1:
         ax.plot(
@@ -126,8 +135,15 @@ def _task_matrix(summary: SweepSummary, title: str) -> bytes:
         for i, row in enumerate(values):
             for j, v in enumerate(row):
                 if v == v:  # not NaN
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize="x-small",
-                            color="white" if v < 0.5 else "black")  # fmt: skip
+                    ax.text(
+                        j,
+                        i,
+                        f"{v:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize="x-small",
+                        color="white" if v < 0.5 else "black",
+                    )
     shown = "" if len(summary.tasks) <= MATRIX_MAX_TASKS else f" (first {MATRIX_MAX_TASKS})"
     ax.set_title(f"{title}: mean score per task{shown}")
     fig.colorbar(image, ax=ax, label="mean score (0–1)")
@@ -149,8 +165,9 @@ def _score_vs_context(summary: SweepSummary, title: str) -> bytes | None:
     colours = _colours(summary)
     for label, series in summary.by_context.items():
         lengths = sorted(series)
-        ax.plot(lengths, [series[n] for n in lengths], marker="o", color=colours[label],
-                label=label)  # fmt: skip
+        ax.plot(
+            lengths, [series[n] for n in lengths], marker="o", color=colours[label], label=label
+        )
     ax.set_xscale("log", base=2)
     lengths = sorted({n for series in summary.by_context.values() for n in series})
     ax.set_xticks(lengths, [_tokens(n) for n in lengths])
@@ -165,8 +182,15 @@ def _score_vs_context(summary: SweepSummary, title: str) -> bytes | None:
 
 
 TABLE_HEADINGS: Final = (
-    "model", "variant", "score", "95 % CI", "scored", "cost (USD)", "tokens", "Pareto",
-)  # fmt: skip
+    "model",
+    "variant",
+    "score",
+    "95 % CI",
+    "scored",
+    "cost (USD)",
+    "tokens",
+    "Pareto",
+)
 
 
 def _row_texts(r: dict[str, Any]) -> tuple[str, ...]:

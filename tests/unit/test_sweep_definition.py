@@ -173,8 +173,9 @@ def test_oolong_pairs_are_exactly_the_pairs_that_meet_the_condition() -> None:
     from orchestrator.sweeps.suites.oolong_pairs_synth import YEAR_WINDOW
 
     for task in generate("oolong-pairs-synth", 2, [1500], seed=5):
-        people = re.findall(r"Record \d+: (.+?) lives in (\w+) and started working in (\d+)\.",
-                            task.context)  # fmt: skip
+        people = re.findall(
+            r"Record \d+: (.+?) lives in (\w+) and started working in (\d+)\.", task.context
+        )
         assert len(people) == task.params["records"]
         truth = {
             frozenset((a[0], b[0]))

@@ -16,8 +16,16 @@ from orchestrator.sweeps.summary import bootstrap_interval, summarise
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _cell(model: str, variant: str, task: int, seed: int, score: float | None, cost: float,
-          context: int = 1000, state: str = "scored") -> dict[str, Any]:  # fmt: skip
+def _cell(
+    model: str,
+    variant: str,
+    task: int,
+    seed: int,
+    score: float | None,
+    cost: float,
+    context: int = 1000,
+    state: str = "scored",
+) -> dict[str, Any]:
     return {
         "model": model,
         "variant": variant,
@@ -59,8 +67,11 @@ def test_groups_frontier_matrix_and_context_follow_the_cells() -> None:
     assert summary.matrix["s-niah/1000/0"]["m/b · rlm"] == 1.0
     assert summary.matrix["s-niah/1000/1"]["m/b · rlm"] == 0.0
     assert summary.matrix["s-niah/1000/0"]["m/c · rlm"] is None  # c ran other tasks
-    assert summary.by_context == {"m/a · rlm": {1000: 1.0}, "m/b · rlm": {1000: 0.5},
-                                  "m/c · rlm": {4000: 0.0}}  # fmt: skip
+    assert summary.by_context == {
+        "m/a · rlm": {1000: 1.0},
+        "m/b · rlm": {1000: 0.5},
+        "m/c · rlm": {4000: 0.0},
+    }
 
 
 def test_the_bootstrap_interval_brackets_the_mean_and_is_repeatable() -> None:
