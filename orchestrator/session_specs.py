@@ -112,11 +112,19 @@ class StoredRunSettings(_Spec):
     model_max_retries: int | None = Field(default=None, ge=0)
     retry_base_delay_s: float | None = Field(default=None, ge=0)
     max_depth: int | None = Field(default=None, ge=0)
+    # A workspace file the REPL binds to the variable ``context`` at every kernel start (a
+    # sweep's rlm variant: the long context; orchestrator/runtime session_setup).
+    repl_context_file: str | None = Field(default=None, min_length=1, max_length=255)
 
     @property
     def empty(self) -> bool:
         """True when it changes nothing (nothing needs storing)."""
         compaction = self.compaction
         chose_compaction = compaction is not None and bool(compaction.model_dump(exclude_none=True))
-        scalars = (self.model_max_retries, self.retry_base_delay_s, self.max_depth)
+        scalars = (
+            self.model_max_retries,
+            self.retry_base_delay_s,
+            self.max_depth,
+            self.repl_context_file,
+        )
         return not chose_compaction and all(value is None for value in scalars)

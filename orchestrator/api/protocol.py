@@ -22,7 +22,7 @@ import hashlib
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, field_validator
 
 from orchestrator.api.messages import AnyServerMessage
 from orchestrator.api.wire import WAIT_QUIET_DEFAULT_S
@@ -246,6 +246,16 @@ class SessionSettings(_ClientModel):
     retry_base_delay_s: float | None = Field(default=None, ge=0)
     session_token_budget: int | None = Field(default=None, ge=1)
     max_depth: int | None = Field(default=None, ge=0)
+    # A workspace file (relative, no ".."), bound to the REPL variable ``context`` at every
+    # kernel start (a sweep's rlm variant; docs/sweeps.md).
+    repl_context_file: str | None = Field(default=None, min_length=1, max_length=255)
+
+    @field_validator("repl_context_file")
+    @classmethod
+    def _inside_the_workspace(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in value.split("/")):
+            raise ValueError("must be a path inside the workspace (relative, no '..')")
+        return value
 
 
 class CreateSession(_Command):

@@ -151,6 +151,10 @@ def _session_settings(spec: SweepFile, cell: Cell) -> dict[str, Any]:
     return {k: v for k, v in chosen.items() if v is not None}
 
 
+def _context_setting(given: Any) -> dict[str, Any]:
+    return {"repl_context_file": given.context_file} if given.context_file else {}
+
+
 def _client_env(cell: Cell, settings: Settings) -> dict[str, str]:
     from orchestrator.models.registry import client_env_names
 
@@ -256,7 +260,7 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
         name=f"{spec.name}/{cell.fingerprint[:12]}",
         refine=cell.variant.refine,
         autonomous=autonomous,
-        settings=_session_settings(spec, cell) or None,
+        settings={**_session_settings(spec, cell), **_context_setting(given)} or None,
         client_env=_client_env(cell, run.settings),
     )
     session = str(created["session"])

@@ -67,5 +67,6 @@ def stored_run_settings(chosen: SessionSettings | None) -> StoredRunSettings | N
         model_max_retries=chosen.model_max_retries,
         retry_base_delay_s=chosen.retry_base_delay_s,
         max_depth=chosen.max_depth,
+        repl_context_file=chosen.repl_context_file,
     )
     return None if stored.empty else stored

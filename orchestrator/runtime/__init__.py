@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from orchestrator.runtime.edit import EditResult
 
+from orchestrator.runtime.wire import REPL_CONTEXT_FILE_ENV, REPL_CONTEXT_VARIABLE
+
 __all__ = [
     "RUNTIME_NAMES",
     "edit",
@@ -172,4 +174,22 @@ def session_setup(cwd: str, env: Mapping[str, str]) -> int:
     """
     os.environ.update(env)
     os.chdir(cwd)
+    _bind_context(env.get(REPL_CONTEXT_FILE_ENV))
     return os.getpid()
+
+
+def _bind_context(name: str | None) -> None:
+    """The session asked for a workspace file as the REPL variable ``context`` (a sweep's rlm
+    variant): bind it in the user namespace, as text. A missing file binds nothing."""
+    if not name:
+        return
+    try:
+        with open(name, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns[REPL_CONTEXT_VARIABLE] = text

@@ -38,12 +38,18 @@ __all__ = [
     "INBOX_PREFIX",
     "MAX_REQUEST_BYTES",
     "PROTOCOL_VERSION",
+    "REPL_CONTEXT_FILE_ENV",
+    "REPL_CONTEXT_VARIABLE",
     "REQUEST_TYPES",
     "host_subject",
     "inbox_prefix",
 ]
 
 PROTOCOL_VERSION: Final[Literal[1]] = 1
+# The kernel env variable naming a workspace file that session setup binds to the REPL
+# variable REPL_CONTEXT_VARIABLE (a sweep's rlm variant; docs/sweeps.md).
+REPL_CONTEXT_FILE_ENV: Final = "PRIME_AGENT_CONTEXT_FILE"
+REPL_CONTEXT_VARIABLE: Final = "context"
 HOST_SUBJECT_PREFIX: Final = "pa.host"
 INBOX_PREFIX: Final = "_INBOX"
 HOST_REQUEST_TIMEOUT_S: Final = 30.0  # docs/spec.md §3: every host request has this default

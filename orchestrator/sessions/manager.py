@@ -38,6 +38,7 @@ from orchestrator.models.registry import (
     stored_model,
 )
 from orchestrator.paths import Paths, ensure_private_dir
+from orchestrator.runtime.wire import REPL_CONTEXT_FILE_ENV
 from orchestrator.sandbox.base import Sandbox, SandboxBackend, SandboxSpec
 from orchestrator.session_specs import StoredRunSettings
 from orchestrator.sessions.budget import BudgetTree, billable_tokens
@@ -328,6 +329,9 @@ class Orchestrator:
             "PRIME_AGENT_DEPTH": str(record.depth),
             "PRIME_AGENT_MAX_DEPTH": str(self.settings_of(record).max_depth),
         }
+        chosen = record.run_settings
+        if chosen is not None and chosen.repl_context_file:
+            env[REPL_CONTEXT_FILE_ENV] = chosen.repl_context_file
         spec = SandboxSpec(
             session_id=record.id,
             cwd=Path(record.cwd),

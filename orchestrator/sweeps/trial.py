@@ -1,7 +1,8 @@
 """What one trial gives its session: the prompt, and the files its workspace starts with.
 
-- ``rlm`` variants: the long context is the workspace file ``context.txt``; the prompt is the
-  question and how to reach the context from the REPL (it is never pasted into the prompt).
+- ``rlm`` variants: the long context is the REPL variable ``context``, bound at every kernel
+  start from the workspace file ``context.txt`` (the session's ``repl_context_file``); the
+  prompt is the question and where the context is (it is never pasted into the prompt).
 - ``rlm: false`` (vanilla): the context is pasted into the prompt, cut to fit the model's
   window (``PROMPT_SHARE`` of it, counted at ``CHARS_PER_TOKEN``); ``truncated`` records it.
 """
@@ -22,10 +23,9 @@ CONTEXT_FILE: Final = "context.txt"
 PROMPT_SHARE: Final = 0.75
 RLM_PROMPT: Final = (
     "{question}\n\n"
-    "The context for this question ({chars} characters) is the file {file} in your working "
-    "directory. Do not print it whole: load it in the REPL "
-    "(context = open({file!r}).read()) and inspect it with code. "
-    "When you know the answer, reply with it as plain text."
+    "The context for this question ({chars} characters) is in the REPL variable `context` "
+    "(also the file {file} in your working directory). Do not print it whole: inspect it "
+    "with code. When you know the answer, reply with it as plain text."
 )
 VANILLA_PROMPT: Final = "{question}\n\nContext:\n{context}"
 
@@ -35,6 +35,7 @@ class TrialInput:
     prompt: str
     files: dict[str, str] = field(default_factory=dict)
     truncated: bool = False
+    context_file: str | None = None  # bound to the REPL variable ``context`` at kernel start
 
 
 def trial_input(cell: Cell, context_window: int) -> TrialInput:
@@ -45,7 +46,7 @@ def trial_input(cell: Cell, context_window: int) -> TrialInput:
         prompt = RLM_PROMPT.format(
             question=task.question, chars=len(task.context), file=CONTEXT_FILE
         )
-        return TrialInput(prompt, {CONTEXT_FILE: task.context})
+        return TrialInput(prompt, {CONTEXT_FILE: task.context}, context_file=CONTEXT_FILE)
     room = int(context_window * PROMPT_SHARE) * CHARS_PER_TOKEN
     context = task.context[:room]
     return TrialInput(

@@ -24,13 +24,14 @@ from tests.helpers import cli, stop_daemons, wait_until, write_config
 SWEEP_TIMEOUT_S = 600.0
 KILL_WAIT_S = 120.0
 
-# Finds the needle: from context.txt with code (rlm), or in the prompt itself (vanilla).
+# Finds the needle: with code over the REPL variable `context` (rlm), or in the prompt itself
+# (vanilla).
 FINDER = r"""
 repeat forever:
     when "context.txt":
         code:
             import re
-            print(re.search(r"magic number is \d+", open("context.txt").read()).group(0))
+            print(re.search(r"magic number is \d+", context).group(0))
     when re "magic number is ([0-9]+)": text: The number is \1.
     else: text: no idea
 """
@@ -45,7 +46,7 @@ repeat forever:
         slow 0.5
         code:
             import re
-            print(re.search(r"magic number is \d+", open("context.txt").read()).group(0))
+            print(re.search(r"magic number is \d+", context).group(0))
     when re "magic number is ([0-9]+)":
         slow 0.5
         text: The number is \1.

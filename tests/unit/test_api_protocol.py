@@ -488,3 +488,12 @@ def test_journal_ttl_and_size() -> None:
         assert journal.get(("c", "4")) is None and len(journal) == 0
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("path", ["/etc/passwd", "../x", "a/../../b"])
+def test_a_repl_context_file_stays_inside_the_workspace(path: str) -> None:
+    body = {"type": "create_session", "command_id": "c", "cwd": "/w"}
+    with pytest.raises(ValidationError, match="inside the workspace"):
+        command_adapter.validate_python({**body, "settings": {"repl_context_file": path}})
+    ok = command_adapter.validate_python({**body, "settings": {"repl_context_file": "d/c.txt"}})
+    assert isinstance(ok, CreateSession) and ok.settings is not None
