@@ -28,6 +28,9 @@ class RecordingHost:
     def open_help(self) -> None:
         self.opened.append(("help", None))
 
+    def open_sweeps(self) -> None:
+        self.opened.append(("sweeps", None))
+
     def open_session(self, session_id: str) -> None:
         self.opened.append(("session", session_id))
 

@@ -25,6 +25,7 @@ from tui.inspector import InspectorScreen
 from tui.link import DaemonLink
 from tui.panels import HelpScreen, TreeScreen, UsageScreen
 from tui.screen_host import ScreenHost
+from tui.sweeps import SweepsScreen
 
 __all__ = ["HISTORY_MAX", "PrimeAgentApp", "run_tui"]
 
@@ -149,6 +150,9 @@ class PrimeAgentApp(App[None]):
 
     def open_help(self) -> None:
         self.push_screen(HelpScreen())
+
+    def open_sweeps(self) -> None:
+        self.push_screen(SweepsScreen())
 
     def close_screen(self, screen: Screen[None]) -> None:
         """Back: pop ``screen`` (the bottom chat is never popped)."""

@@ -378,6 +378,9 @@ class ChatScreen(Screen[None]):
         if self.session_id is not None:
             self.tui.open_usage(self.session_id)
 
+    def open_sweeps(self) -> None:
+        self.tui.open_sweeps()
+
     def open_tree(self) -> None:
         if self.session_id is not None:
             self.tui.open_tree(self.session_id)

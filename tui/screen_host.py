@@ -53,6 +53,8 @@ class ScreenHost(Protocol):
 
     def open_help(self) -> None: ...
 
+    def open_sweeps(self) -> None: ...
+
     def close_screen(self, screen: Screen[None]) -> None: ...  # back (never the bottom chat)
 
 

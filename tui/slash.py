@@ -99,6 +99,7 @@ COMMANDS: Final[tuple[SlashSpec, ...]] = (
     ),
     SlashSpec("agents", "/agents", "every session: running, idle, inactive"),
     SlashSpec("usage", "/usage", "tokens, cost and time of the session tree"),
+    SlashSpec("sweeps", "/sweeps", "benchmark sweeps: progress, cost, ETA, their cells"),
     SlashSpec("export", "/export [PATH]", "write the session as JSONL (./NAME.jsonl)"),
     SlashSpec("help", "/help", "the slash commands and keys"),
 )
@@ -121,6 +122,8 @@ class SlashHost(Protocol):
     def open_tree(self) -> None: ...
 
     def open_help(self) -> None: ...
+
+    def open_sweeps(self) -> None: ...
 
     def open_session(self, session_id: str) -> None: ...
 
@@ -424,14 +427,16 @@ async def _export(run: _Run) -> None:
 
 
 async def _screen(run: _Run) -> None:
-    """``/tree`` (of this session), ``/agents``, ``/usage``: open the screen; it loads its own
-    data."""
+    """``/tree`` (of this session), ``/agents``, ``/usage``, ``/sweeps``: open the screen; it
+    loads its own data."""
     run.no_args()
     if run.spec.name == "tree":
         _ = run.session
         run.host.open_tree()
     elif run.spec.name == "agents":
         run.host.open_agents()
+    elif run.spec.name == "sweeps":
+        run.host.open_sweeps()
     else:
         run.host.open_usage()
 
@@ -454,6 +459,7 @@ _HANDLERS: Final[dict[str, Callable[[_Run], Awaitable[None]]]] = {
     "autonomous": _autonomous,
     "agents": _screen,
     "usage": _screen,
+    "sweeps": _screen,
     "export": _export,
     "help": _help,
 }

@@ -86,6 +86,7 @@ __all__ = [
     "SweepCancel",
     "SweepCellSpec",
     "SweepClose",
+    "SweepList",
     "SweepOpen",
     "SweepProviderLimits",
     "SweepStatus",
@@ -687,6 +688,13 @@ class SweepStatus(_Command):
     limit: int = Field(default=SWEEP_CELLS_PER_CALL, ge=1, le=SWEEP_CELLS_PER_CALL)
 
 
+class SweepList(_Command):
+    """Every sweep, newest first, with its counts, cost and ETA."""
+
+    type: Literal["sweep_list"] = "sweep_list"
+    limit: int = Field(default=SWEEP_CELLS_PER_CALL, ge=1, le=SWEEP_CELLS_PER_CALL)
+
+
 class SweepCancel(_Command):
     """No trial of the sweep starts from now on; its running trials' sessions are aborted."""
 
@@ -752,6 +760,7 @@ _Commands = (
     | SweepTrialStart
     | SweepTrialFinish
     | SweepStatus
+    | SweepList
     | SweepCancel
     | SweepClose
     | Shutdown
@@ -800,6 +809,7 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     SweepTrialStart,
     SweepTrialFinish,
     SweepStatus,
+    SweepList,
     SweepCancel,
     SweepClose,
     Shutdown,

@@ -70,6 +70,7 @@ from orchestrator.api.protocol import (
     SweepAddCells,
     SweepCancel,
     SweepClose,
+    SweepList,
     SweepOpen,
     SweepStatus,
     SweepTrialFinish,
@@ -400,6 +401,7 @@ class DaemonHandler(CommandHandler):
                 | SweepTrialStart()
                 | SweepTrialFinish()
                 | SweepStatus()
+                | SweepList()
                 | SweepCancel()
                 | SweepClose()
             ):

@@ -19,6 +19,7 @@ from orchestrator.api.protocol import (
     SweepAddCells,
     SweepCancel,
     SweepClose,
+    SweepList,
     SweepOpen,
     SweepStatus,
     SweepTrialFinish,
@@ -40,15 +41,48 @@ SweepCommand = (
     | SweepTrialStart
     | SweepTrialFinish
     | SweepStatus
+    | SweepList
     | SweepCancel
     | SweepClose
 )
 AbortSession = Callable[[str], Awaitable[Any]]
-# What sweep_status answers per cell page, besides the cells: the whole sweep's counts.
+# What sweep_status and sweep_list answer besides the cells: a sweep's counts by state, cost,
+# tokens, and the wall time of its finished cells (for the ETA).
 _TOTALS_SQL: Final = """
-SELECT state, count(*), coalesce(sum(cost_usd), 0), coalesce(sum(tokens), 0)
+SELECT state, count(*), coalesce(sum(cost_usd), 0), coalesce(sum(tokens), 0),
+       coalesce(sum(wall_s) FILTER (WHERE state IN ('scored', 'errored')), 0)
 FROM sweep_cells WHERE sweep = $1 GROUP BY state
 """
+_UNFINISHED: Final = ("pending", "running")
+DEFAULT_IN_FLIGHT: Final = 4  # a sweep file's concurrency default (sweeps/spec.py)
+
+
+def _summary(row: tables.SweepRow, totals: list[Any]) -> JsonObject:
+    """A sweep's row with its counts, cost, tokens and an ETA: the unfinished cells times the
+    mean wall time of the finished ones, over the trials the sweep runs at once."""
+    counts = {str(state): int(n) for state, n, *_ in totals}
+    finished = sum(n for state, n in counts.items() if state not in _UNFINISHED)
+    left = sum(counts.get(state, 0) for state in _UNFINISHED)
+    wall = sum(float(w) for *_, w in totals)
+    concurrency = row.spec.get("concurrency") or {}
+    in_flight = max(
+        1,
+        min(
+            int(concurrency.get("trials", DEFAULT_IN_FLIGHT)),
+            int(concurrency.get("sandboxes", DEFAULT_IN_FLIGHT)),
+        ),
+    )
+    alive = _alive(row.runner_pid)
+    eta = wall / finished * left / in_flight if finished and left and alive else None
+    return {
+        **row.to_wire(),
+        "runner_alive": alive,
+        "counts": counts,
+        "cells_total": sum(counts.values()),
+        "cost_usd": float(sum(cost for _, _, cost, _, _ in totals)),
+        "tokens": int(sum(tokens for _, _, _, tokens, _ in totals)),
+        "eta_s": eta,
+    }
 
 
 def _alive(pid: int | None) -> bool:
@@ -78,6 +112,8 @@ async def handle_sweep(
                 return await _trial_finish(daemon, command)
             case SweepStatus():
                 return await _status(daemon, command)
+            case SweepList():
+                return await _list(daemon, command)
             case SweepCancel():
                 return await _cancel(daemon, command, abort)
             case SweepClose():
@@ -193,16 +229,25 @@ async def _status(daemon: CommandContext, command: SweepStatus) -> JsonObject:
     row, cells, totals = await daemon.store.read_side(run)
     if row is None:
         raise ApiCommandError(E_NOT_FOUND, f"no sweep {command.name!r}")
-    counts = {state: int(n) for state, n, _, _ in totals}
+    summary = _summary(row, totals)
     return {
-        "sweep": {**row.to_wire(), "runner_alive": _alive(row.runner_pid)},
-        "counts": counts,
-        "cells_total": sum(counts.values()),
-        "cost_usd": float(sum(cost for _, _, cost, _ in totals)),
-        "tokens": int(sum(tokens for _, _, _, tokens in totals)),
+        "sweep": summary,
+        "counts": summary["counts"],
+        "cells_total": summary["cells_total"],
+        "cost_usd": summary["cost_usd"],
+        "tokens": summary["tokens"],
         "cells": [c.to_wire() for c in cells],
         "offset": command.offset,
     }
+
+
+async def _list(daemon: CommandContext, command: SweepList) -> JsonObject:
+    def run(con: Any) -> list[tuple[tables.SweepRow, list[Any]]]:
+        rows = tables.select_sweeps(con, command.limit)
+        return [(row, con.execute(_TOTALS_SQL, [row.name]).fetchall()) for row in rows]
+
+    found = await daemon.store.read_side(run)
+    return {"sweeps": [_summary(row, totals) for row, totals in found]}
 
 
 async def _cancel(daemon: CommandContext, command: SweepCancel, abort: AbortSession) -> JsonObject:

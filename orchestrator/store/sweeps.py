@@ -40,6 +40,7 @@ __all__ = [
     "open_sweep",
     "select_cells",
     "select_sweep",
+    "select_sweeps",
     "start_trial",
     "trial_session",
 ]
@@ -144,6 +145,14 @@ def _cell(values: Sequence[Any]) -> CellRow:
 def select_sweep(con: duckdb.DuckDBPyConnection, name: str) -> SweepRow | None:
     row = con.execute(f"SELECT {_SWEEP_COLUMNS} FROM sweeps WHERE name = $1", [name]).fetchone()
     return None if row is None else _sweep(row)
+
+
+def select_sweeps(con: duckdb.DuckDBPyConnection, limit: int) -> list[SweepRow]:
+    """The newest ``limit`` sweeps (by their last change), newest first."""
+    rows = con.execute(
+        f"SELECT {_SWEEP_COLUMNS} FROM sweeps ORDER BY updated_at DESC, name LIMIT $1", [limit]
+    ).fetchall()
+    return [_sweep(values) for values in rows]
 
 
 def select_cells(

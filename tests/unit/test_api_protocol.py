@@ -154,6 +154,7 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     },
     {"type": "sweep_status", "command_id": "24", "name": "n", "offset": 0, "limit": 10},
     {"type": "sweep_cancel", "command_id": "25", "name": "n"},
+    {"type": "sweep_list", "command_id": "27", "limit": 5},
     {"type": "sweep_close", "command_id": "26", "name": "n", "state": "done"},
     {"type": "shutdown", "command_id": "11", "force": True},
 ]

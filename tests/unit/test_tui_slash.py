@@ -57,6 +57,7 @@ def test_the_command_table() -> None:
         "autonomous",
         "agents",
         "usage",
+        "sweeps",
         "export",
         "help",
     ]
@@ -189,9 +190,9 @@ def test_commands_that_need_a_session(text: str) -> None:
 
 def test_commands_that_need_no_session() -> None:
     host = Host(session_id=None, refine_rollback={"id": "r-1", "status": "applied"})
-    for text in ("/agents", "/usage", "/help", "/refine rollback r-1"):
+    for text in ("/agents", "/usage", "/help", "/sweeps", "/refine rollback r-1"):
         run(text, host)
-    assert host.opened == [("agents", None), ("usage", None), ("help", None)]
+    assert host.opened == [("agents", None), ("usage", None), ("help", None), ("sweeps", None)]
     assert host.calls == [("refine_rollback", {"id": "r-1"})]
     assert host.lines == [("refinement r-1 applied", False)]
 
