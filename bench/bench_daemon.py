@@ -28,6 +28,7 @@ from bench.common import (
     FakeServerProcess,
     cli_argv,
     cli_env,
+    fake_model_config,
     private_xdg,
     row,
     time_command,
@@ -306,9 +307,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     ):
         env = cli_env(xdg)
         env["PRIME_AGENT_BACKEND"] = "local"
-        config = Path(xdg["XDG_CONFIG_HOME"]) / "prime-agent" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'[models."openai/fake"]\napi_base = "{fake.url}"\n')
+        fake_model_config(xdg, fake.url)
         history_sid = _write_history(env, history)
         socket = _socket(env)
         with _daemon(env) as daemon:

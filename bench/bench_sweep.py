@@ -17,7 +17,15 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from bench.common import PYTHON, FakeServerProcess, cli_env, private_xdg, row, stop_daemon
+from bench.common import (
+    PYTHON,
+    FakeServerProcess,
+    cli_env,
+    fake_model_config,
+    private_xdg,
+    row,
+    stop_daemon,
+)
 
 CELLS: Final = 200
 QUICK_CELLS: Final = 40
@@ -95,9 +103,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         env = cli_env(xdg)
         env["PRIME_AGENT_BACKEND"] = "local"
         env["PRIME_AGENT_DAEMON_AUTOSTART"] = "1"
-        config = Path(xdg["XDG_CONFIG_HOME"]) / "prime-agent" / "config.toml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f'[models."openai/fake"]\napi_base = "{fake.url}"\n')
+        fake_model_config(xdg, fake.url)
         sweep = Path(tmp) / "bench.yaml"
         sweep.write_text(SWEEP.format(cells=cells, tokens=CONTEXT_TOKENS, concurrency=CONCURRENCY))
         subprocess.run(

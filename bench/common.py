@@ -152,6 +152,13 @@ def private_xdg(parent: Path, *, keep_cache: bool = False) -> Iterator[dict[str,
     yield env
 
 
+def fake_model_config(xdg: dict[str, str], url: str) -> None:
+    """Point ``openai/fake`` at the fake server ``url`` in the private config.toml."""
+    config = Path(xdg["XDG_CONFIG_HOME"]) / "prime-agent" / "config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f'[models."openai/fake"]\napi_base = "{url}"\n')
+
+
 def cli_env(xdg: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PROVIDER_KEY_VARS}
     env.update(xdg)

@@ -69,7 +69,7 @@ def run(
 
     def go() -> int:
         from orchestrator.cli.interrupts import run_interruptible
-        from orchestrator.cli.sweep_runner import run_sweep
+        from orchestrator.cli.sweep_runner import check_models, run_sweep
         from orchestrator.paths import Paths
         from orchestrator.settings import load_settings
         from orchestrator.sweeps.spec import load_sweep
@@ -77,6 +77,7 @@ def run(
         spec = load_sweep(file)
         paths = Paths.from_env()
         settings = load_settings(paths.config_file)
+        check_models(spec, settings)
         require_daemon("sweep run")
 
         async def main(abort: asyncio.Event) -> int:

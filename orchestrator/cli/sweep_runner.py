@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from orchestrator.api.errors import ConnectionClosed
 from orchestrator.api.protocol import SWEEP_CELLS_PER_CALL
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_BUDGET_SPENT, EXIT_ERROR, EXIT_OK
 from orchestrator.errors import UserError
@@ -43,6 +44,7 @@ __all__ = [
     "SWEEP_EXIT_CODES",
     "TRIAL_WAIT_DEFAULT_S",
     "SweepProgress",
+    "check_models",
     "run_sweep",
 ]
 
@@ -62,6 +64,7 @@ SWEEP_EXIT_CODES: Final = {
     "budget": EXIT_BUDGET_SPENT,
     "cancelled": EXIT_ABORTED,
 }
+WALL_TIME_STOP: Final = "wall_time"  # a trial stopped at the sweep's trial_wall_s
 # wait_quiet reasons that mean the trial could not run (it is rerun next time).
 _ERRORED_REASONS: Final = frozenset({"error"})
 
@@ -283,14 +286,18 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
     wall_s = time.monotonic() - began
     answer = str(quiet.get("final_text") or "")
     reason = str(quiet.get("stop_reason") or quiet.get("reason") or "unknown")
-    errored = quiet.get("reason") in _ERRORED_REASONS or bool(quiet.get("error"))
+    # Aborted from outside (sweep cancel, prime-agent abort): it did not run to its end, so it
+    # runs again next time rather than scoring what it had so far.
+    interrupted = quiet.get("reason") == "aborted" and reason != WALL_TIME_STOP
+    errored = quiet.get("reason") in _ERRORED_REASONS or bool(quiet.get("error")) or interrupted
+    error_class = "aborted" if interrupted else str(quiet.get("error_class") or "error")
     fields: dict[str, Any] = {
         "trial": trial,
         "state": "errored" if errored else "scored",
         "score": None if errored else score(cell.task, answer, reason),
         "answer": answer[:20_000] or None,
         "stop_reason": reason[:128],
-        "error_class": str(quiet.get("error_class") or "error") if errored else None,
+        "error_class": error_class if errored else None,
         "error": str(quiet.get("error"))[:2000] if quiet.get("error") else None,
         "truncated": bool(given.truncated),
         "wall_s": round(wall_s, 3),
@@ -310,7 +317,26 @@ async def _stop_overdue(link: DaemonLink, session: str) -> dict[str, Any]:
             link.call("wait_quiet", session=session, timeout_s=ABORT_SETTLE_S, release=True),
             ABORT_SETTLE_S + WAIT_SLACK_S,
         )
-    return {**settled, "reason": "aborted", "stop_reason": "wall_time", "error": None}
+    return {**settled, "reason": "aborted", "stop_reason": WALL_TIME_STOP, "error": None}
+
+
+def check_models(spec: SweepFile, settings: Settings) -> None:
+    """Refuse, before anything runs, a sweep with a model no trial could call: an unknown
+    provider or name, or a key that is not set in this shell (``UserError``, one line)."""
+    from orchestrator.models.registry import resolve_model
+
+    problems: list[str] = []
+    for model in spec.models:
+        try:
+            resolve_model(model.model, settings, api_base=model.api_base)
+        except UserError as exc:
+            problems.append(f"{model.label} cannot run: {exc}")
+            continue
+        if model.api_key_env and not os.environ.get(model.api_key_env):
+            problems.append(f"{model.label} cannot run: {model.api_key_env} is not set")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"sweep {spec.name}: {problems[0]}{more}")
 
 
 async def run_sweep(
@@ -345,6 +371,14 @@ async def run_sweep(
         tasks = [asyncio.ensure_future(_trial(run, cell)) for cell in todo]
         try:
             await asyncio.gather(*tasks)
+        except ConnectionClosed:
+            # The daemon died (or was stopped) under the trials in flight: they are abandoned
+            # when the sweep is opened again, and what finished is kept.
+            progress.show(final=True)
+            raise UserError(
+                f"sweep {spec.name}: the daemon went away; run the same command again to "
+                "continue (finished cells are kept)"
+            ) from None
         finally:
             for task in tasks:
                 task.cancel()

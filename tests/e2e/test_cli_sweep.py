@@ -18,11 +18,12 @@ import duckdb
 import pytest
 
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, stop_daemons, wait_until, write_config
+from tests.helpers import cli, daemon_pids, kill_9, stop_daemons, wait_until, write_config
 
 # Bounds, not expectations: 24 trials on 2 loaded cores.
 SWEEP_TIMEOUT_S = 600.0
 KILL_WAIT_S = 120.0
+RUNNER_EXIT_S = 60.0
 
 # Finds the needle: with code over the REPL variable `context` (rlm), or in the prompt itself
 # (vanilla).
@@ -171,14 +172,18 @@ def test_a_sweep_runs_every_cell_once_and_resumes_by_cell(autostart: None, tmp_p
         assert (report_dir / "index.html").stat().st_size > 0
 
 
+@pytest.mark.parametrize("victim", ["runner", "daemon"])
 def test_a_killed_run_resumes_without_rerunning_finished_cells(
-    autostart: None, tmp_path: Path
+    autostart: None, tmp_path: Path, victim: str
 ) -> None:
+    """kill -9 of the runner or of the daemon mid-sweep; the same command again finishes the
+    sweep, and what had finished is not run or counted again."""
     with FakeModelServer(SLOW_FINDER) as finder, FakeModelServer(DUD) as dud:
         _models(finder, dud)
         path = _sweep_file(tmp_path, "killed")
         started = cli(["daemon", "start"])
         assert started.returncode == 0, started.stderr
+        (daemon,) = daemon_pids()
         runner = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", "sweep", "run", str(path)],
             stdout=subprocess.DEVNULL,
@@ -199,9 +204,16 @@ def test_a_killed_run_resumes_without_rerunning_finished_cells(
                 return len(scored_first) >= 3
 
             assert wait_until(some_scored, timeout=KILL_WAIT_S, interval=0.5)
-            runner.send_signal(signal.SIGKILL)
-            assert len(scored_first) < 24  # the kill landed mid-sweep
-            runner.wait(timeout=30)
+            assert len(scored_first) < 24  # the kill lands mid-sweep
+            if victim == "runner":
+                runner.send_signal(signal.SIGKILL)
+                runner.wait(timeout=RUNNER_EXIT_S)
+            else:
+                kill_9(daemon, timeout=RUNNER_EXIT_S)
+                # The runner says so in one line and exits; the sweep waits for a rerun.
+                _, err = runner.communicate(timeout=RUNNER_EXIT_S)
+                assert runner.returncode != 0
+                assert "the daemon went away; run the same command again" in err, err
         finally:
             if runner.poll() is None:
                 runner.kill()
@@ -252,3 +264,79 @@ def test_a_code_fix_cell_scores_by_its_gate_in_the_sandbox(autostart: None, tmp_
         assert cells["openai/dud"]["score"] == 0.0
         assert cells["openai/dud"]["stop_reason"] != "gate_passed"
         assert len(dud.requests) == 2  # trial_turns: 2
+
+
+def test_a_spent_sweep_budget_starts_no_more_trials(autostart: None, tmp_path: Path) -> None:
+    with FakeModelServer(FINDER) as finder, FakeModelServer(DUD) as dud:
+        _models(finder, dud)
+        path = tmp_path / "budget.yaml"
+        text = SWEEP.format(name="budget", seeds="[1, 2]")
+        path.write_text(text + "budgets: {sweep_cost_usd: 0.000001}\n")
+        ran = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert ran.returncode == 4, ran.stderr  # EXIT_BUDGET_SPENT
+        assert "sweep budget: budget" in ran.stderr
+        cells = _cells("budget")
+        ran_cells = [c for c in cells if c["trials"]]
+        # At most one round of trials in flight started before any cost was known.
+        assert 1 <= len(ran_cells) <= 4 and len(cells) == 24
+        asked = len(finder.requests) + len(dud.requests)
+        again = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert again.returncode == 4, again.stderr
+        assert len(finder.requests) + len(dud.requests) == asked
+
+
+def test_a_cancelled_sweep_stops_and_resumes_when_run_again(
+    autostart: None, tmp_path: Path
+) -> None:
+    with FakeModelServer(SLOW_FINDER) as finder, FakeModelServer(DUD) as dud:
+        _models(finder, dud)
+        path = _sweep_file(tmp_path, "cancelled")
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "sweep", "run", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ),
+        )
+        try:
+
+            def running() -> bool:
+                shown = cli(["sweep", "status", "cancelled", "--json"])
+                cells = [json.loads(line) for line in shown.stdout.splitlines()]
+                return any(c["state"] == "running" for c in cells)
+
+            assert wait_until(running, timeout=KILL_WAIT_S, interval=0.5)
+            cancelled = cli(["sweep", "cancel", "cancelled"])
+            assert cancelled.returncode == 0, cancelled.stderr
+            assert "cancelled" in cancelled.stdout
+            _, err = runner.communicate(timeout=RUNNER_EXIT_S)
+            assert runner.returncode == 130, err
+        finally:
+            if runner.poll() is None:
+                runner.kill()
+                runner.wait()
+        shown = cli(["sweep", "status", "cancelled"])
+        assert "sweep cancelled: cancelled" in shown.stdout
+        cells = _cells("cancelled")
+        assert any(c["state"] != "scored" for c in cells)
+        # An aborted trial is not scored: it runs again.
+        assert all(c["error_class"] == "aborted" for c in cells if c["state"] == "errored")
+        resumed = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert resumed.returncode == 0, resumed.stderr
+        assert {c["state"] for c in _cells("cancelled")} == {"scored"}
+
+
+def test_a_model_without_its_key_is_refused_before_anything_runs(
+    autostart: None, tmp_path: Path
+) -> None:
+    path = tmp_path / "nokey.yaml"
+    path.write_text(
+        "name: nokey\nsuites: [{suite: s-niah, tasks: 1}]\n"
+        "models: [openai/gpt-4o-mini, anthropic/claude-x]\n"
+    )
+    refused = cli(["sweep", "run", str(path)])
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
+    assert "openai/gpt-4o-mini cannot run: OPENAI_API_KEY is not set" in refused.stderr
+    assert "(and 1 more)" in refused.stderr
+    assert daemon_pids() == []  # refused before the daemon was even started

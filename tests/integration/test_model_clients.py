@@ -28,6 +28,7 @@ from orchestrator.models.registry import resolve_model
 from orchestrator.settings import Settings
 from orchestrator.testing import FakeModelServer
 from orchestrator.testing.fake_model import TEXT_DELTA_CHARS
+from tests.fake_clock import FakeClock
 
 CLIENTS: Final = ("auto", "litellm")
 RETRIES: Final = 2
@@ -352,18 +353,6 @@ def test_a_preloaded_price_map_is_not_read_again(monkeypatch: pytest.MonkeyPatch
         price_map.model_entry.cache_clear()
 
 
-class _FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-        await asyncio.sleep(0)
-
-
 @pytest.mark.parametrize("client", CLIENTS)
 async def test_one_sessions_retry_after_holds_every_sessions_calls_to_that_endpoint(
     client: str, monkeypatch: pytest.MonkeyPatch
@@ -372,7 +361,7 @@ async def test_one_sessions_retry_after_holds_every_sessions_calls_to_that_endpo
     holds the next call of every session to the same endpoint (models/provider_gate.py)."""
     from orchestrator.models import provider_gate
 
-    clock = _FakeClock()
+    clock = FakeClock()
     monkeypatch.setattr(
         provider_gate, "_process_gates", provider_gate.ProviderGates(clock, clock.sleep)
     )

@@ -6,24 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.sweep_cells import cell_spec
 from tests.tui.pilot import screen_text, until
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
 from tui.sweeps import SweepScreen, SweepsScreen
 
 SIZE = (140, 36)
-
-
-def _cell(n: int) -> dict[str, object]:
-    return {
-        "fingerprint": f"f{n}",
-        "suite": "s-niah",
-        "task_id": f"s-niah/2000/{n}",
-        "model": "openai/fake",
-        "variant": "rlm",
-        "seed": 1,
-        "context_tokens": 2000,
-    }
 
 
 async def test_the_sweep_view_shows_progress_and_opens_a_cells_chat(
@@ -44,7 +33,7 @@ async def test_the_sweep_view_shows_progress_and_opens_a_cells_chat(
             digest="d",
             runner_pid=os.getpid(),
         )
-        await link.call("sweep_add_cells", name="demo", cells=[_cell(n) for n in range(3)])
+        await link.call("sweep_add_cells", name="demo", cells=[cell_spec(n) for n in range(3)])
         trial = await link.call("sweep_trial_start", name="demo", fingerprint="f2", session=sid)
         await link.call(
             "sweep_trial_finish",

@@ -13,18 +13,7 @@ from orchestrator.models.provider_gate import (
     TokenBucket,
     estimate_tokens,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-        await asyncio.sleep(0)
+from tests.fake_clock import FakeClock
 
 
 def test_a_bucket_says_how_long_until_what_was_taken_is_there() -> None:

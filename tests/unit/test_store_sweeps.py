@@ -25,20 +25,9 @@ from orchestrator.store.sweeps import (
     select_sweep,
     start_trial,
 )
+from tests.sweep_cells import cell_spec
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
-
-
-def _cell(n: int) -> dict[str, object]:
-    return {
-        "fingerprint": f"f{n}",
-        "suite": "s-niah",
-        "task_id": f"s-niah/2000/{n}",
-        "model": "openai/fake",
-        "variant": "rlm",
-        "seed": 1,
-        "context_tokens": 2000,
-    }
 
 
 SCORED = TrialOutcome(
@@ -72,21 +61,21 @@ async def _open(
 
 
 async def test_cells_are_added_in_order_and_kept(store: Store) -> None:
-    abandoned, rows = await _open(store, [_cell(0), _cell(1)])
+    abandoned, rows = await _open(store, [cell_spec(0), cell_spec(1)])
     assert abandoned == 0
     assert [(r.fingerprint, r.state, r.position) for r in rows] == [
         ("f0", "pending", 0),
         ("f1", "pending", 1),
     ]
     # A changed file: a new cell is added after the old ones; the old rows stay.
-    _, rows = await _open(store, [_cell(2), _cell(0)])
+    _, rows = await _open(store, [cell_spec(2), cell_spec(0)])
     assert [(r.fingerprint, r.position) for r in rows] == [("f2", 2), ("f0", 0)]
     everything = await store.read(lambda con: select_cells(con, "s"))
     assert [r.fingerprint for r in everything] == ["f0", "f1", "f2"]
 
 
 async def test_a_trial_counts_once(store: Store) -> None:
-    await _open(store, [_cell(0)])
+    await _open(store, [cell_spec(0)])
     trial = await store.transaction(
         lambda con: start_trial(con, sweep="s", fingerprint="f0", session_id="s-1", now=NOW)
     )
@@ -116,14 +105,14 @@ async def test_a_trial_counts_once(store: Store) -> None:
 async def test_a_dead_runners_trials_are_abandoned_and_their_cells_run_again(
     store: Store,
 ) -> None:
-    await _open(store, [_cell(0), _cell(1)])
+    await _open(store, [cell_spec(0), cell_spec(1)])
     for fp, sid in (("f0", "s-1"), ("f1", "s-2")):
         await store.transaction(
             lambda con, fp=fp, sid=sid: start_trial(
                 con, sweep="s", fingerprint=fp, session_id=sid, now=NOW
             )
         )
-    abandoned, rows = await _open(store, [_cell(0), _cell(1)], pid=2)
+    abandoned, rows = await _open(store, [cell_spec(0), cell_spec(1)], pid=2)
     assert abandoned == 2
     assert [r.state for r in rows] == ["pending", "pending"]
     assert [r.trials for r in rows] == [1, 1]
@@ -136,7 +125,7 @@ async def test_a_dead_runners_trials_are_abandoned_and_their_cells_run_again(
 async def test_a_cancelled_sweep_starts_no_trial_and_names_its_running_sessions(
     store: Store,
 ) -> None:
-    await _open(store, [_cell(0), _cell(1)])
+    await _open(store, [cell_spec(0), cell_spec(1)])
     await store.transaction(
         lambda con: start_trial(con, sweep="s", fingerprint="f0", session_id="s-1", now=NOW)
     )

@@ -8,8 +8,37 @@ from typing import Final
 
 from orchestrator.sweeps.tasks import CHARS_PER_TOKEN
 
-__all__ = ["haystack_sentences", "rng_for"]
+__all__ = ["FIRST_NAMES", "haystack_sentences", "rng_for"]
 
+# People's first names for record-style contexts (oolong suites), one per initial.
+FIRST_NAMES: Final = (
+    "Ada",
+    "Bela",
+    "Chidi",
+    "Dara",
+    "Emeka",
+    "Farah",
+    "Goran",
+    "Hana",
+    "Ivo",
+    "Jun",
+    "Kemal",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Oskar",
+    "Priya",
+    "Quentin",
+    "Rosa",
+    "Sven",
+    "Tariq",
+    "Uma",
+    "Vera",
+    "Wim",
+    "Xiu",
+    "Yara",
+    "Zeno",
+)
 _SUBJECTS: Final = (
     "The river",
     "An old map",

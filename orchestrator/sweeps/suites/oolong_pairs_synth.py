@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from itertools import combinations
 from typing import Final
 
-from orchestrator.sweeps.suites.haystack import rng_for
+from orchestrator.sweeps.suites.haystack import FIRST_NAMES, rng_for
 from orchestrator.sweeps.tasks import CHARS_PER_TOKEN, Task
 
 __all__ = ["DEFAULT_CONTEXT_TOKENS", "SUITE", "YEAR_WINDOW", "generate"]
@@ -26,34 +26,6 @@ PEOPLE_PER_CITY: Final = 6
 _MIN_CITIES: Final = 4
 _SYLLABLES: Final = ("ka", "lo", "mi", "ra", "to", "ve", "su", "na", "de", "po", "ri", "ba")
 _LINE_CHARS: Final = 64  # about what one record line takes, to size the city list
-_FIRST: Final = (
-    "Ada",
-    "Bela",
-    "Chidi",
-    "Dara",
-    "Emeka",
-    "Farah",
-    "Goran",
-    "Hana",
-    "Ivo",
-    "Jun",
-    "Kemal",
-    "Lena",
-    "Mateo",
-    "Nia",
-    "Oskar",
-    "Priya",
-    "Quentin",
-    "Rosa",
-    "Sven",
-    "Tariq",
-    "Uma",
-    "Vera",
-    "Wim",
-    "Xiu",
-    "Yara",
-    "Zeno",
-)
 _LAST: Final = (
     "Abara",
     "Brandt",
@@ -95,7 +67,7 @@ def _people(rng: random.Random, tokens: int) -> list[tuple[str, str, int]]:
     budget = tokens * CHARS_PER_TOKEN
     wanted = max(_MIN_CITIES, budget // _LINE_CHARS // PEOPLE_PER_CITY)
     cities = sorted({_city(rng) for _ in range(wanted * 2)})[:wanted]
-    names = [f"{f} {i}. {last}" for f in _FIRST for i in _INITIALS for last in _LAST]
+    names = [f"{f} {i}. {last}" for f in FIRST_NAMES for i in _INITIALS for last in _LAST]
     rng.shuffle(names)
     people: list[tuple[str, str, int]] = []
     used = 0

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Final
 
-from orchestrator.sweeps.suites.haystack import rng_for
+from orchestrator.sweeps.suites.haystack import FIRST_NAMES, rng_for
 from orchestrator.sweeps.tasks import CHARS_PER_TOKEN, Task
 
 __all__ = ["CATEGORIES", "DEFAULT_CONTEXT_TOKENS", "SUITE", "generate"]
@@ -22,28 +22,6 @@ SUITE: Final = "oolong-synth"
 DEFAULT_CONTEXT_TOKENS: Final = (2000, 8000)
 CATEGORIES: Final = ("billing", "shipping", "returns", "praise", "defect", "feature")
 _WEIGHTS: Final = (9, 7, 5, 4, 2, 1)
-_NAMES: Final = (
-    "Ada",
-    "Bela",
-    "Chidi",
-    "Dara",
-    "Emeka",
-    "Farah",
-    "Goran",
-    "Hana",
-    "Ivo",
-    "Jun",
-    "Kemal",
-    "Lena",
-    "Mateo",
-    "Nia",
-    "Oskar",
-    "Priya",
-    "Quentin",
-    "Rosa",
-    "Sven",
-    "Tariq",
-)
 _TOPICS: Final = (
     "the invoice sent last week",
     "a parcel that arrived late",
@@ -68,10 +46,8 @@ def _records(rng: random.Random, tokens: int) -> tuple[list[str], list[str]]:
     used = 0
     while used < tokens * CHARS_PER_TOKEN:
         label = rng.choices(CATEGORIES, weights=_WEIGHTS)[0]
-        line = (
-            f"Record {len(lines) + 1}: {rng.choice(_NAMES)} wrote about {rng.choice(_TOPICS)}. "
-            f"Category: {label}."
-        )
+        who, what = rng.choice(FIRST_NAMES), rng.choice(_TOPICS)
+        line = f"Record {len(lines) + 1}: {who} wrote about {what}. Category: {label}."
         lines.append(line)
         labels.append(label)
         used += len(line) + 1
