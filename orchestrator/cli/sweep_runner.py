@@ -217,8 +217,8 @@ async def _trial(run: _Run, cell: Cell) -> None:
         run.progress.show()
         try:
             outcome = await _run_trial(run, cell, trial_input(cell, _window(cell, run.settings)))
-        except ApiCommandError as exc:
-            if exc.code == "busy" and "sweep" in str(exc):  # cancelled meanwhile
+        except (ApiCommandError, UserError) as exc:
+            if str(exc).endswith(f"sweep {run.spec.name} is cancelled"):  # cancelled meanwhile
                 run.stop_state = run.stop_state or "cancelled"
                 run.stop.set()
                 return

@@ -112,8 +112,11 @@ class ModelClient:
                     used(reply.usage.input + reply.usage.output)
             except AttemptFailed as exc:
                 last = exc
-                if exc.kind == "rate_limited" and exc.retry_after_s:
-                    gate.pause(exc.retry_after_s)  # every session's next call to it waits
+                asked = exc.retry_after_s if exc.kind == "rate_limited" else None
+                if asked and asked <= self.settings.retry_max_delay_s:
+                    # Every session's next call to it waits too (a wait longer than we allow
+                    # fails this call at once, and holds no one).
+                    gate.pause(asked)
                 if not exc.connected:
                     connection_failures += 1
                 if exc.kind not in RETRYABLE or attempt == attempts:
