@@ -13,6 +13,7 @@ drawing against the classes)::
     PrimeAgentError                  raised on purpose; anything else is a bug
     ├── UserError                    the user can fix it: one line, exit 2
     │   ├── ConfigError              a config file or option value
+    │   ├── DaemonRefused            .code: the daemon's wire error code (CLI clients)
     │   ├── ScheduleSpecError        a schedule or heartbeat spec
     │   └── GoalError                .code: a host wire code
     ├── ModelError                   .error_class: the failure in one word
@@ -58,6 +59,7 @@ __all__ = [
     "ApiError",
     "BusError",
     "ConfigError",
+    "DaemonRefused",
     "EmbeddedModelError",
     "EmptyReply",
     "GoalError",
@@ -89,6 +91,15 @@ class PrimeAgentError(Exception):
 
 class UserError(PrimeAgentError):
     """Bad input or setup the user can fix; printed as one line, exit code 2."""
+
+
+class DaemonRefused(UserError):
+    """The daemon refused a command; ``code`` is its wire error code (``api/wire.py``), so a
+    client can tell one refusal from another without reading the message."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ConfigError(UserError):

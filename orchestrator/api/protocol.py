@@ -616,6 +616,9 @@ SweepName = Annotated[str, StringConstraints(pattern=SWEEP_NAME_PATTERN)]
 
 
 class SweepProviderLimits(_ClientModel):
+    """The protocol's copy of ``settings.ProviderLimitsConfig`` (a client loads no settings;
+    tests/unit/test_run_settings.py keeps the two equal)."""
+
     connections: int | None = Field(default=None, ge=1)
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)

@@ -25,7 +25,7 @@ from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError, ConnectionClosed, DaemonNotRunning
 from orchestrator.api.wire import E_INVALID_COMMAND
 from orchestrator.cli.autostart import AUTOSTART_ENV, DAEMON_CONNECT_TIMEOUT_S
-from orchestrator.errors import UserError
+from orchestrator.errors import DaemonRefused, UserError
 
 __all__ = [
     "AUTOSTART_ENV",
@@ -81,11 +81,12 @@ def require_daemon(what: str) -> None:
 def daemon_error(exc: ApiCommandError) -> UserError:
     """A daemon's refusal as a one-line user error (with a hint when it is an older daemon)."""
     if exc.code == E_INVALID_COMMAND:
-        return UserError(
+        return DaemonRefused(
             f"{exc} (the daemon may be older than this prime-agent: restart it with "
-            "prime-agent daemon stop)"
+            "prime-agent daemon stop)",
+            exc.code,
         )
-    return UserError(str(exc))
+    return DaemonRefused(str(exc), exc.code)
 
 
 class DaemonLink:

@@ -113,7 +113,7 @@ def session_settings(cfg: EvalConfig) -> dict[str, Any] | None:
     """What ``cfg`` chooses over the daemon's ``config.toml`` that the endpoint and the sandbox
     image and workspace do not carry: ``CreateSession.settings`` (``SessionSettings``)."""
     chosen: dict[str, Any] = {}
-    model = {k: v for k, v in cfg.model.overrides().items() if k != "api_base"}
+    model = cfg.model.session_choice()
     if model:
         chosen["model"] = model
     if cfg.sandbox is not None:

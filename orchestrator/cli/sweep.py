@@ -252,9 +252,11 @@ def _write(rows: list[dict[str, Any]], path: Path, kind: str) -> None:
         con = duckdb.connect()
         try:
             columns = ", ".join(f"'{k}': '{_PARQUET_TYPES.get(k, 'VARCHAR')}'" for k in CELL_FIELDS)
+            # COPY takes no parameters: the paths are SQL string literals, quotes doubled.
+            source, target = (str(p).replace("'", "''") for p in (staged, path))
             con.execute(
-                f"COPY (SELECT * FROM read_json('{staged}', format='newline_delimited', "
-                f"columns={{{columns}}})) TO '{path}' (FORMAT parquet)"
+                f"COPY (SELECT * FROM read_json('{source}', format='newline_delimited', "
+                f"columns={{{columns}}})) TO '{target}' (FORMAT parquet)"
             )
         finally:
             con.close()

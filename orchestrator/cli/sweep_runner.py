@@ -29,15 +29,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from orchestrator.api.errors import ConnectionClosed
-from orchestrator.api.protocol import SWEEP_CELLS_PER_CALL
+from orchestrator.api.protocol import (
+    MAX_ANSWER_CHARS,
+    MAX_ERROR_CHARS,
+    MAX_ID_CHARS,
+    SWEEP_CELLS_PER_CALL,
+)
+from orchestrator.api.wire import E_BUSY
 from orchestrator.cli.common import EXIT_ABORTED, EXIT_BUDGET_SPENT, EXIT_ERROR, EXIT_OK
-from orchestrator.errors import UserError
+from orchestrator.errors import DaemonRefused, UserError
 
 if TYPE_CHECKING:
     from orchestrator.cli.connect import DaemonLink
     from orchestrator.settings import Settings
     from orchestrator.sweeps.grid import Cell
     from orchestrator.sweeps.spec import SweepFile
+    from orchestrator.sweeps.trial import TrialInput
 
 __all__ = [
     "FALLBACK_CONTEXT_WINDOW",
@@ -124,7 +131,6 @@ class _Run:
     slots: asyncio.Semaphore
     stop: asyncio.Event  # budget spent or cancelled: start no more trials
     stop_state: str | None = None
-    budget_tokens: int = 0
 
     def workspace(self, cell: Cell) -> Path:
         return self.data_dir / "sweeps" / self.spec.name / cell.fingerprint
@@ -144,7 +150,7 @@ def _window(cell: Cell, settings: Settings) -> int:
 
 def _session_settings(spec: SweepFile, cell: Cell) -> dict[str, Any]:
     chosen: dict[str, Any] = {}
-    model = {k: v for k, v in cell.model.section().overrides().items() if k != "api_base"}
+    model = cell.model.section().session_choice()
     if model:
         chosen["model"] = model
     if spec.budgets.trial_tokens is not None:
@@ -154,7 +160,7 @@ def _session_settings(spec: SweepFile, cell: Cell) -> dict[str, Any]:
     return {k: v for k, v in chosen.items() if v is not None}
 
 
-def _context_setting(given: Any) -> dict[str, Any]:
+def _context_setting(given: TrialInput) -> dict[str, Any]:
     return {"repl_context_file": given.context_file} if given.context_file else {}
 
 
@@ -195,7 +201,11 @@ async def _open(run: _Run, cells: list[Cell]) -> list[dict[str, Any]]:
     return rows
 
 
-async def _budget_spent(run: _Run) -> bool:
+class _SweepStopped(Exception):
+    """The daemon refused a new trial: the sweep was cancelled meanwhile."""
+
+
+def _budget_spent(run: _Run) -> bool:
     budgets = run.spec.budgets
     if budgets.sweep_cost_usd is not None and run.progress.cost_usd >= budgets.sweep_cost_usd:
         return True
@@ -203,13 +213,12 @@ async def _budget_spent(run: _Run) -> bool:
 
 
 async def _trial(run: _Run, cell: Cell) -> None:
-    from orchestrator.api.errors import ApiCommandError
     from orchestrator.sweeps.trial import trial_input
 
     async with run.slots:
         if run.stop.is_set():
             return
-        if await _budget_spent(run):
+        if _budget_spent(run):
             run.stop_state = "budget"
             run.stop.set()
             return
@@ -217,12 +226,10 @@ async def _trial(run: _Run, cell: Cell) -> None:
         run.progress.show()
         try:
             outcome = await _run_trial(run, cell, trial_input(cell, _window(cell, run.settings)))
-        except (ApiCommandError, UserError) as exc:
-            if str(exc).endswith(f"sweep {run.spec.name} is cancelled"):  # cancelled meanwhile
-                run.stop_state = run.stop_state or "cancelled"
-                run.stop.set()
-                return
-            raise
+        except _SweepStopped:
+            run.stop_state = run.stop_state or "cancelled"
+            run.stop.set()
+            return
         finally:
             run.progress.running -= 1
         if outcome is None:
@@ -237,7 +244,7 @@ async def _trial(run: _Run, cell: Cell) -> None:
         run.progress.show()
 
 
-async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None:
+async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any] | None:
     from orchestrator.sweeps.scoring import score
 
     link, spec = run.link, run.spec
@@ -267,9 +274,14 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
         client_env=_client_env(cell, run.settings),
     )
     session = str(created["session"])
-    started = await link.mutate(
-        "sweep_trial_start", name=spec.name, fingerprint=cell.fingerprint, session=session
-    )
+    try:
+        started = await link.mutate(
+            "sweep_trial_start", name=spec.name, fingerprint=cell.fingerprint, session=session
+        )
+    except DaemonRefused as exc:
+        if exc.code == E_BUSY:  # the sweep is not running any more (sweep_commands.py)
+            raise _SweepStopped from None
+        raise
     trial = str(started["trial"])
     began = time.monotonic()
     await link.mutate("prompt", session=session, text=given.prompt, mode="follow_up")
@@ -295,10 +307,10 @@ async def _run_trial(run: _Run, cell: Cell, given: Any) -> dict[str, Any] | None
         "trial": trial,
         "state": "errored" if errored else "scored",
         "score": None if errored else score(cell.task, answer, reason),
-        "answer": answer[:20_000] or None,
-        "stop_reason": reason[:128],
+        "answer": answer[:MAX_ANSWER_CHARS] or None,
+        "stop_reason": reason[:MAX_ID_CHARS],
         "error_class": error_class if errored else None,
-        "error": str(quiet.get("error"))[:2000] if quiet.get("error") else None,
+        "error": str(quiet.get("error"))[:MAX_ERROR_CHARS] if quiet.get("error") else None,
         "truncated": bool(given.truncated),
         "wall_s": round(wall_s, 3),
     }

@@ -129,6 +129,11 @@ class ModelSection(_Section):
         """The ``ModelConfig`` fields this section sets."""
         return self.model_dump(exclude={"name"}, exclude_none=True)
 
+    def session_choice(self) -> dict[str, Any]:
+        """What a session's ``settings.model`` carries of it (``ModelChoice``): the overrides
+        but the endpoint, which ``create_session`` takes as its own field."""
+        return {k: v for k, v in self.overrides().items() if k != "api_base"}
+
 
 class SandboxSection(_Section):
     image: str | None = Field(default=None, min_length=1, pattern=r"^\S+$")

@@ -29,9 +29,11 @@ from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT, E_NOT_FOUND
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.errors import StoreError
 from orchestrator.models.provider_gate import ProviderLimits, provider_gates
+from orchestrator.settings import ProviderLimitsConfig
 from orchestrator.store import sweeps as tables
 from orchestrator.store.eval_results import select_tree_usage
 from orchestrator.store.queries import utcnow
+from orchestrator.sweeps.spec import DEFAULT_CONCURRENCY
 
 __all__ = ["SweepCommand", "handle_sweep"]
 
@@ -54,7 +56,6 @@ SELECT state, count(*), coalesce(sum(cost_usd), 0), coalesce(sum(tokens), 0),
 FROM sweep_cells WHERE sweep = $1 GROUP BY state
 """
 _UNFINISHED: Final = ("pending", "running")
-DEFAULT_IN_FLIGHT: Final = 4  # a sweep file's concurrency default (sweeps/spec.py)
 
 
 def _summary(row: tables.SweepRow, totals: list[Any]) -> JsonObject:
@@ -68,8 +69,8 @@ def _summary(row: tables.SweepRow, totals: list[Any]) -> JsonObject:
     in_flight = max(
         1,
         min(
-            int(concurrency.get("trials", DEFAULT_IN_FLIGHT)),
-            int(concurrency.get("sandboxes", DEFAULT_IN_FLIGHT)),
+            int(concurrency.get("trials", DEFAULT_CONCURRENCY)),
+            int(concurrency.get("sandboxes", DEFAULT_CONCURRENCY)),
         ),
     )
     alive = _alive(row.runner_pid)
@@ -155,7 +156,7 @@ async def _open(daemon: CommandContext, command: SweepOpen) -> JsonObject:
     abandoned, row = await daemon.store.transaction(run)
     gates = provider_gates()
     for key, limits in command.providers.items():
-        gates.configure(key, ProviderLimits(**limits.model_dump()))
+        gates.configure(key, ProviderLimits.of(ProviderLimitsConfig(**limits.model_dump())))
     return {"sweep": row.to_wire(), "abandoned": abandoned}
 
 

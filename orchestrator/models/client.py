@@ -78,7 +78,7 @@ class ModelClient:
         gates = provider_gates()
         limits = settings.providers.get(key)
         if limits is not None:
-            gates.configure_from_config(key, ProviderLimits(**limits.model_dump()))
+            gates.configure_from_config(key, ProviderLimits.of(limits))
         self.gate = gates.gate(key)
 
     async def _look_up_prices(self) -> None:

@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
+from orchestrator.settings import ProviderLimitsConfig
+
 __all__ = [
     "SECONDS_PER_MINUTE",
     "ProviderGate",
@@ -48,6 +50,11 @@ class ProviderLimits:
     connections: int | None = None  # calls in flight
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None  # input and output tokens
+
+    @classmethod
+    def of(cls, config: ProviderLimitsConfig) -> ProviderLimits:
+        """config.toml's (or a sweep file's) ``[providers."KEY"]`` table."""
+        return cls(config.connections, config.requests_per_minute, config.tokens_per_minute)
 
 
 class TokenBucket:

@@ -27,6 +27,7 @@ from orchestrator.control.eval_config import EVAL_NAME_PATTERN, ModelSection
 from orchestrator.control.yaml_file import read_yaml_mapping, validation_line
 from orchestrator.errors import ConfigError
 from orchestrator.sandbox.choice import BACKEND_CHOICES
+from orchestrator.settings import ProviderLimitsConfig
 from orchestrator.sweeps.suites import SUITE_NAMES
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
     "MIN_CONTEXT_TOKENS",
     "Budgets",
     "Concurrency",
-    "ProviderEntry",
     "SuiteEntry",
     "SweepFile",
     "SweepModel",
@@ -169,15 +169,6 @@ class Concurrency(_Section):
         return min(self.trials, self.sandboxes)
 
 
-class ProviderEntry(_Section):
-    """What one endpoint allows the whole sweep (and the daemon's other sessions): calls in
-    flight and rates; applied to the daemon's gate for that key (models/provider_gate.py)."""
-
-    connections: int | None = Field(default=None, ge=1)
-    requests_per_minute: float | None = Field(default=None, gt=0)
-    tokens_per_minute: float | None = Field(default=None, gt=0)
-
-
 class SweepFile(_Section):
     name: str = Field(pattern=EVAL_NAME_PATTERN)
     suites: tuple[SuiteEntry, ...] = Field(min_length=1)
@@ -187,7 +178,7 @@ class SweepFile(_Section):
     budgets: Budgets = Budgets()
     concurrency: Concurrency = Concurrency()
     # By endpoint: an api_base, or a provider name (openai, anthropic, ...).
-    providers: dict[str, ProviderEntry] = Field(default_factory=dict)
+    providers: dict[str, ProviderLimitsConfig] = Field(default_factory=dict)
     backend: str | None = None
 
     @field_validator("backend")

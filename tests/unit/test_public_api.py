@@ -31,6 +31,7 @@ EXPORTED = [
     "ControlClient",
     "DaemonAlreadyRunning",
     "DaemonNotRunning",
+    "DaemonRefused",
     "DaemonSettings",
     "DaemonUnresponsive",
     "EmbeddedModelError",

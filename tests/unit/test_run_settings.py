@@ -133,6 +133,10 @@ def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
 
     assert protocol.KEY_ENV_NAME_PATTERN == session_specs.ENV_NAME_PATTERN
     assert protocol.SANDBOX_MEMORY_MIN_MIB == settings.SANDBOX_MEMORY_MIN_MIB
+    # A sweep's provider limits travel in sweep_open as the config's [providers.KEY] table.
+    ours = protocol.SweepProviderLimits.model_json_schema()["properties"]
+    theirs = settings.ProviderLimitsConfig.model_json_schema()["properties"]
+    assert ours == theirs
     # The lean -p client sends it when config.toml sets no family_wait_timeout_s.
     assert wire.WAIT_QUIET_DEFAULT_S == settings.FAMILY_WAIT_TIMEOUT_S
 

@@ -186,3 +186,9 @@ def test_oolong_pairs_are_exactly_the_pairs_that_meet_the_condition() -> None:
         answer = " ".join(f"({a}, {b})" for a, b in task.expected)
         assert score(task, answer) == 1.0
         assert 0 < score(task, answer.split(") (")[0] + ")") < 1
+
+
+def test_the_example_sweep_file_loads() -> None:
+    path = Path(__file__).parents[2] / "examples" / "sweeps" / "niah-small.yaml"
+    spec = load_sweep(path)
+    assert spec.name == "niah-small" and len(expand(spec)) == 20
