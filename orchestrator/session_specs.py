@@ -33,6 +33,7 @@ __all__ = [
     "SANDBOX_POLICY_VERSION",
     "StoredCompaction",
     "StoredModel",
+    "StoredMount",
     "StoredPrices",
     "StoredRunSettings",
     "StoredSandboxPolicy",
@@ -79,6 +80,16 @@ class StoredModel(_Spec):
     embedded: bool = False
 
 
+class StoredMount(_Spec):
+    """A host directory shown at one more path inside the sandbox (a Harbor task's ``/app``,
+    ``/tests`` and ``/logs``; docs/sweeps.md). Checked by ``sandbox/mounts.py`` when the
+    session is created; docker only."""
+
+    source: str = Field(min_length=1)  # an absolute host directory
+    target: str = Field(min_length=1)  # an absolute path inside the sandbox
+    read_only: bool = False
+
+
 class StoredSandboxPolicy(_Spec):
     """The sandbox a session asked for: what its next sandbox is started with, whichever
     daemon starts it. ``image`` and the limits apply to docker; the local backend keeps the
@@ -92,6 +103,7 @@ class StoredSandboxPolicy(_Spec):
     memory_bytes: int = Field(ge=1)
     cpus: float = Field(gt=0)
     pids: int = Field(ge=1)
+    mounts: tuple[StoredMount, ...] = ()
 
 
 class StoredCompaction(_Spec):

@@ -72,6 +72,7 @@ __all__ = [
     "RecordEvalResult",
     "Refine",
     "RefineRollback",
+    "RunCheck",
     "SandboxControl",
     "SandboxInfo",
     "ScheduleAdd",
@@ -127,6 +128,9 @@ RECENT_EVENTS_MAX = 1000
 MAX_CAPABILITIES = 64
 # An export's target path (PATH_MAX on Linux).
 MAX_PATH_CHARS = 4096
+MAX_CHECK_COMMAND_CHARS = 4096  # a run_check's shell command
+MAX_CHECK_TIMEOUT_S = 86_400.0
+MAX_MOUNTS = 8  # extra mounts of a session (sandbox/mounts.py's, pinned equal by a test)
 # `compact` instructions (the kernel's compact.run has the same limit).
 COMPACT_INSTRUCTIONS_MAX_CHARS = 4000
 # `tree` answers at most this many events per page (each about 200 bytes of JSON: far below the
@@ -195,6 +199,15 @@ class GetSession(_Command):
     session: Token
     # Also return the newest `recent` events (bounded like an attach replay) and the cursor.
     recent: int = Field(default=0, ge=0, le=RECENT_EVENTS_MAX)
+
+
+class MountChoice(_ClientModel):
+    """A host directory shown at one more path in the session's sandbox (docker only; a
+    Harbor task's /app, /tests, /logs). The daemon checks both paths (sandbox/mounts.py)."""
+
+    source: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    target: str = Field(min_length=1, max_length=MAX_PATH_CHARS)
+    read_only: bool = False
 
 
 class AutonomousSpec(_ClientModel):
@@ -279,6 +292,7 @@ class CreateSession(_Command):
     )
     workspace: Literal["rw", "ro", "copy"] | None = None
     network: bool | None = None
+    mounts: list[MountChoice] | None = Field(default=None, max_length=MAX_MOUNTS)
     # The client's values of the variables the model reads (its key, OPENAI_BASE_URL): used
     # for this session (and its family) only, held in the daemon's memory, never written
     # anywhere (not even into the idempotency journal's fingerprint). None: the daemon's own.
@@ -587,6 +601,20 @@ class WaitQuiet(_Command):
     release: bool = False
 
 
+class RunCheck(_Command):
+    """Run a shell command in a quiet session's sandbox, in its workspace, the way an
+    autonomous gate runs (control/gates.py), and answer with its exit code and bounded
+    output: a sweep's verifier after the agent's turn (a Harbor task's ``tests/test.sh``).
+    ``release`` unloads the tree afterwards, as ``wait_quiet``'s does."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["run_check"] = "run_check"
+    session: Token
+    command: str = Field(min_length=1, max_length=MAX_CHECK_COMMAND_CHARS)
+    timeout_s: float = Field(gt=0, le=MAX_CHECK_TIMEOUT_S)
+    release: bool = False
+
+
 class RecordEvalResult(_Command):
     """Write the result of a ``run --config`` whose root is ``session`` (it stopped) to
     ``eval_results``: the daemon owns the database. The daemon sums the tree's tokens and
@@ -757,6 +785,7 @@ _Commands = (
     | SandboxControl
     | Autonomous
     | WaitQuiet
+    | RunCheck
     | RecordEvalResult
     | SweepOpen
     | SweepAddCells
@@ -806,6 +835,7 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     SandboxControl,
     Autonomous,
     WaitQuiet,
+    RunCheck,
     RecordEvalResult,
     SweepOpen,
     SweepAddCells,

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from orchestrator.cli.connect import DaemonLink
     from orchestrator.settings import Settings
     from orchestrator.sweeps.grid import Cell
+    from orchestrator.sweeps.harbor_env import Environment
     from orchestrator.sweeps.spec import SweepFile
     from orchestrator.sweeps.trial import TrialInput
 
@@ -131,6 +132,8 @@ class _Run:
     slots: asyncio.Semaphore
     stop: asyncio.Event  # budget spent or cancelled: start no more trials
     stop_state: str | None = None
+    # Harbor tasks' sandbox images, by task id (made before any trial starts).
+    environments: dict[str, Environment] = field(default_factory=dict)
 
     def workspace(self, cell: Cell) -> Path:
         return self.data_dir / "sweeps" / self.spec.name / cell.fingerprint
@@ -244,18 +247,77 @@ async def _trial(run: _Run, cell: Cell) -> None:
         run.progress.show()
 
 
-async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any] | None:
-    from orchestrator.sweeps.scoring import score
+@dataclass(frozen=True)
+class _Verified:
+    """A Harbor task's verifier run after the agent's turn: its reward, or why there is none."""
 
-    link, spec = run.link, run.spec
-    workdir = run.workspace(cell)
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    reward: float | None
+    error: str | None = None
+
+
+def _prepare_workspace(run: _Run, cell: Cell, given: TrialInput) -> tuple[Path, dict[str, Any]]:
+    """The trial's workspace, made afresh, and what ``create_session`` adds for it (a Harbor
+    task's image and mounts)."""
+    from orchestrator.sweeps.harbor_env import TrialDirs
+    from orchestrator.sweeps.suites.harbor import harbor_spec
+
+    root = run.workspace(cell)
+    if harbor_spec(cell.task) is not None:
+        environment = run.environments[cell.task.id]
+        dirs = TrialDirs(root)
+        dirs.create(environment)
+        return dirs.workdir, {"image": environment.image, "mounts": dirs.mounts(environment)}
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
     for name, text in given.files.items():
-        path = workdir / name
+        path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    return root, {}
+
+
+async def _verify(run: _Run, cell: Cell, session: str) -> _Verified:
+    """A Harbor task's ``tests/test.sh`` in the trial's sandbox, once the agent is done (the
+    tests appear at /tests only now); its reward is what it wrote under /logs/verifier."""
+    from orchestrator.sweeps.harbor_env import VERIFIER_COMMAND, TrialDirs, read_reward
+    from orchestrator.sweeps.suites.harbor import harbor_spec
+
+    spec = harbor_spec(cell.task)
+    assert spec is not None
+    dirs = TrialDirs(run.workspace(cell))
+    await asyncio.to_thread(dirs.install_tests, spec)
+    checked = await run.link.mutate(
+        "run_check",
+        session=session,
+        command=VERIFIER_COMMAND,
+        timeout_s=spec.verifier_timeout_s,
+        release=True,
+    )
+    reward = read_reward(dirs.logs)
+    if reward is not None:
+        return _Verified(reward)
+    why = "timed out" if checked.get("timed_out") else f"exit code {checked.get('exit_code')}"
+    output = str(checked.get("output") or "").strip()
+    return _Verified(None, f"the verifier wrote no reward ({why}): {output}")
+
+
+def _trial_limit(spec: SweepFile, cell: Cell) -> float:
+    """The trial's wall time: the sweep's, and a Harbor task's own agent timeout."""
+    from orchestrator.sweeps.suites.harbor import harbor_spec
+
+    limit = spec.budgets.trial_wall_s or TRIAL_WAIT_DEFAULT_S
+    harbor = harbor_spec(cell.task)
+    return min(limit, harbor.agent_timeout_s) if harbor is not None else limit
+
+
+async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any] | None:
+    from orchestrator.sweeps.scoring import score
+    from orchestrator.sweeps.suites.harbor import harbor_spec
+
+    link, spec = run.link, run.spec
+    verified_task = harbor_spec(cell.task) is not None
+    cwd, sandbox = await asyncio.to_thread(_prepare_workspace, run, cell, given)
     autonomous: dict[str, Any] | None = None
     if cell.task.gates:  # a gated task runs in autonomous mode until its gates pass
         autonomous = {"gates": list(cell.task.gates)}
@@ -263,7 +325,7 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
             autonomous["max_turns"] = spec.budgets.trial_turns
     created = await link.mutate(
         "create_session",
-        cwd=str(workdir),
+        cwd=str(cwd),
         model=cell.model.model,
         api_base=cell.model.api_base,
         backend=spec.backend,
@@ -272,6 +334,7 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
         autonomous=autonomous,
         settings={**_session_settings(spec, cell), **_context_setting(given)} or None,
         client_env=_client_env(cell, run.settings),
+        **sandbox,
     )
     session = str(created["session"])
     try:
@@ -285,16 +348,17 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
     trial = str(started["trial"])
     began = time.monotonic()
     await link.mutate("prompt", session=session, text=given.prompt, mode="follow_up")
-    limit = spec.budgets.trial_wall_s or TRIAL_WAIT_DEFAULT_S
+    limit = _trial_limit(spec, cell)
     try:
         quiet: dict[str, Any] = await asyncio.wait_for(
-            link.call("wait_quiet", session=session, timeout_s=limit, release=True),
+            # A verified task keeps its sandbox for the verifier (run_check releases it).
+            link.call("wait_quiet", session=session, timeout_s=limit, release=not verified_task),
             limit + WAIT_SLACK_S,
         )
     except (TimeoutError, UserError) as exc:
         if time.monotonic() - began < limit:  # refused, not out of time
             raise UserError(f"trial of {cell.task.id}: {exc}") from None
-        quiet = await _stop_overdue(link, session)
+        quiet = await _stop_overdue(link, session, release=not verified_task)
     wall_s = time.monotonic() - began
     answer = str(quiet.get("final_text") or "")
     reason = str(quiet.get("stop_reason") or quiet.get("reason") or "unknown")
@@ -303,14 +367,25 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
     interrupted = quiet.get("reason") == "aborted" and reason != WALL_TIME_STOP
     errored = quiet.get("reason") in _ERRORED_REASONS or bool(quiet.get("error")) or interrupted
     error_class = "aborted" if interrupted else str(quiet.get("error_class") or "error")
+    error = str(quiet.get("error")) if quiet.get("error") else None
+    reward: float | None = None
+    if verified_task:
+        if errored:  # nothing to verify: let the tree's sandboxes go
+            with contextlib.suppress(UserError, TimeoutError):
+                await link.call("wait_quiet", session=session, timeout_s=1.0, release=True)
+        else:
+            verified = await _verify(run, cell, session)
+            reward = verified.reward
+            if verified.error is not None:
+                errored, error_class, error = True, "verifier", verified.error
     fields: dict[str, Any] = {
         "trial": trial,
         "state": "errored" if errored else "scored",
-        "score": None if errored else score(cell.task, answer, reason),
+        "score": None if errored else score(cell.task, answer, reason, reward),
         "answer": answer[:MAX_ANSWER_CHARS] or None,
         "stop_reason": reason[:MAX_ID_CHARS],
         "error_class": error_class if errored else None,
-        "error": str(quiet.get("error"))[:MAX_ERROR_CHARS] if quiet.get("error") else None,
+        "error": error[:MAX_ERROR_CHARS] if error else None,
         "truncated": bool(given.truncated),
         "wall_s": round(wall_s, 3),
     }
@@ -319,17 +394,51 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
     return cell_row
 
 
-async def _stop_overdue(link: DaemonLink, session: str) -> dict[str, Any]:
+async def _stop_overdue(link: DaemonLink, session: str, *, release: bool) -> dict[str, Any]:
     """A trial past its wall time: abort its tree and give it a moment to record the end."""
     with contextlib.suppress(UserError):
         await link.mutate("abort", session=session)
     settled: dict[str, Any] = {}
     with contextlib.suppress(UserError, TimeoutError):
         settled = await asyncio.wait_for(
-            link.call("wait_quiet", session=session, timeout_s=ABORT_SETTLE_S, release=True),
+            link.call("wait_quiet", session=session, timeout_s=ABORT_SETTLE_S, release=release),
             ABORT_SETTLE_S + WAIT_SLACK_S,
         )
     return {**settled, "reason": "aborted", "stop_reason": WALL_TIME_STOP, "error": None}
+
+
+async def _prepare_environments(run: _Run, cells: list[Cell]) -> dict[str, str]:
+    """Each Harbor task's sandbox image, one task at a time (builds are heavy); the cells whose
+    environment cannot be made here, with why (fingerprint -> reason)."""
+    from orchestrator.sweeps.harbor_env import EnvironmentUnavailable, prepare_environment
+    from orchestrator.sweeps.suites.harbor import harbor_spec
+
+    problems: dict[str, str] = {}  # task id -> reason
+    for cell in cells:
+        harbor = harbor_spec(cell.task)
+        task_id = cell.task.id
+        if harbor is None or task_id in run.environments or task_id in problems:
+            continue
+        try:
+            run.environments[task_id] = await asyncio.to_thread(prepare_environment, harbor)
+        except (EnvironmentUnavailable, UserError) as exc:
+            problems[task_id] = str(exc)
+    return {c.fingerprint: problems[c.task.id] for c in cells if c.task.id in problems}
+
+
+def _report_unrunnable(name: str, cells: list[Cell], unrunnable: dict[str, str]) -> None:
+    """One line per reason: how many cells, and one task it stops."""
+    by_reason: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if cell.fingerprint in unrunnable:
+            by_reason.setdefault(unrunnable[cell.fingerprint], []).append(cell)
+    for reason, stopped in by_reason.items():
+        tasks = sorted({c.task.id for c in stopped})
+        more = f" (and {len(tasks) - 1} more task(s))" if len(tasks) > 1 else ""
+        print(
+            f"sweep {name}: {len(stopped)} cell(s) cannot run here: {tasks[0]}{more}: {reason}",
+            file=sys.stderr,
+        )
 
 
 def check_models(spec: SweepFile, settings: Settings) -> None:
@@ -379,6 +488,9 @@ async def run_sweep(
         progress.done = len(cells) - len(todo)
         progress.cost_usd = sum(float(r.get("cost_usd") or 0) for r in rows)
         progress.tokens = sum(int(r.get("tokens") or 0) for r in rows)
+        unrunnable = await _prepare_environments(run, todo)
+        _report_unrunnable(spec.name, todo, unrunnable)
+        todo = [c for c in todo if c.fingerprint not in unrunnable]
         progress.show()
         tasks = [asyncio.ensure_future(_trial(run, cell)) for cell in todo]
         try:

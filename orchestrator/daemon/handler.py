@@ -59,6 +59,7 @@ from orchestrator.api.protocol import (
     RecordEvalResult,
     Refine,
     RefineRollback,
+    RunCheck,
     SandboxControl,
     SandboxInfo,
     ScheduleAdd,
@@ -81,6 +82,7 @@ from orchestrator.api.protocol import (
 from orchestrator.api.server import ClientInfo, CommandHandler, SessionSnapshot, package_version
 from orchestrator.api.wire import E_BUSY, E_INVALID_ARGUMENT, E_NOT_FOUND, E_SHUTTING_DOWN
 from orchestrator.control.autonomous import AutonomousPolicy
+from orchestrator.control.gates import run_gate
 from orchestrator.daemon import (
     control_commands,
     eval_commands,
@@ -91,7 +93,8 @@ from orchestrator.daemon import (
     tree_commands,
 )
 from orchestrator.daemon.command_context import CommandContext, SessionControl
-from orchestrator.errors import UserError
+from orchestrator.errors import SandboxError, SandboxStartError, UserError
+from orchestrator.ids import new_event_id
 from orchestrator.models.lite import ensure_litellm
 from orchestrator.models.registry import (
     OPENAI_BASE_URL_ENV,
@@ -99,7 +102,8 @@ from orchestrator.models.registry import (
     resolve_model,
     resolving_needs_litellm,
 )
-from orchestrator.session_specs import StoredRunSettings
+from orchestrator.sandbox.mounts import ExtraMount, check_mounts
+from orchestrator.session_specs import StoredMount, StoredRunSettings
 from orchestrator.sessions.accounting import UsageNode, build_usage_forest
 from orchestrator.sessions.compaction import compact_session
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -139,6 +143,8 @@ EXPORT_FILE_MODE: Final = 0o600
 # A session's parent chain is walked at most this deep when routing family events (a guard
 # against a damaged tree; real trees are MAX_DEPTH + 1 deep).
 LINEAGE_MAX_DEPTH: Final = 64
+# How long run_check waits for the session's tree to go quiet before it answers busy.
+CHECK_QUIET_WAIT_S: Final = 5.0
 
 
 class HandlerSessionControl(SessionControl, Protocol):
@@ -262,6 +268,21 @@ def _policy(command: CreateSession) -> AutonomousPolicy | None:
     except ValidationError as exc:
         message = exc.errors()[0]["msg"]
         raise ApiCommandError(E_INVALID_ARGUMENT, f"autonomous: {message}") from None
+
+
+def _mounts(command: CreateSession, cwd: Path) -> tuple[StoredMount, ...] | None:
+    """The extra mounts a ``create_session`` asks for, checked before anything exists
+    (sandbox/mounts.py); a backend without containers refuses them when it starts one."""
+    if not command.mounts:
+        return None
+    asked = [ExtraMount(Path(m.source), m.target, m.read_only) for m in command.mounts]
+    try:
+        checked = check_mounts(asked, cwd.resolve())
+    except SandboxStartError as exc:
+        raise ApiCommandError(E_INVALID_ARGUMENT, str(exc)) from None
+    return tuple(
+        StoredMount(source=str(m.source), target=m.target, read_only=m.read_only) for m in checked
+    )
 
 
 async def _begin_run(
@@ -392,6 +413,8 @@ class DaemonHandler(CommandHandler):
                 return await control_commands.autonomous(self.daemon, rec, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
+            case RunCheck():
+                return await self._run_check(command)
             case RecordEvalResult():
                 rec = await self._record(command.session)
                 return await eval_commands.record_eval_result(self.daemon, rec, command)
@@ -472,6 +495,38 @@ class DaemonHandler(CommandHandler):
             # exits on it. Loading the session again waits for them (Orchestrator.unload).
             await orch.unload(live, stop_later=True)
         return result
+
+    async def _run_check(self, command: RunCheck) -> JsonObject:
+        """A command in a quiet session's sandbox (a sweep's verifier); never while its tree
+        works, so the check sees what the agent left, not a workspace being changed."""
+        live = await self._live(command.session)
+        orch = self.daemon.orch
+        try:
+            await orch.wait_quiet(live.record.root_id, CHECK_QUIET_WAIT_S)
+        except FamilyTimeout:
+            raise ApiCommandError(
+                E_BUSY, f"session {live.id} is working: a check runs once its tree is quiet"
+            ) from None
+        try:
+            sandbox = await orch.sandbox_of(live)
+        except SandboxError as exc:
+            raise ApiCommandError(E_INVALID_ARGUMENT, f"no sandbox: {exc}") from None
+        gate = await run_gate(
+            sandbox,
+            command.command,
+            cwd=live.record.cwd,
+            timeout_s=command.timeout_s,
+            cell_id=f"check-{new_event_id()}",
+        )
+        if command.release and live.record.parent_id is None:
+            await orch.unload(live, stop_later=True)
+        return {
+            "exit_code": gate.exit_code,
+            "passed": gate.passed,
+            "timed_out": gate.timed_out,
+            "output": gate.output,
+            "duration_ms": round(gate.duration_ms, 1),
+        }
 
     async def snapshot(self, client: ClientInfo, session: str) -> SessionSnapshot | None:
         """A slow client that was resynced gets the same tail an attach without cursor gets."""
@@ -641,6 +696,7 @@ class DaemonHandler(CommandHandler):
             shown = command.cwd[:MAX_SHOWN_PATH_CHARS]
             raise ApiCommandError(E_INVALID_ARGUMENT, f"cwd {shown!r} is not an absolute directory")
         policy = _policy(command)
+        mounts = _mounts(command, cwd)
         chosen = command.settings  # a run's own choices (an eval config): this session only
         try:
             settings, notice = daemon.settings_for_new_session()  # config.toml as it is now
@@ -678,6 +734,7 @@ class DaemonHandler(CommandHandler):
                 network=command.network,
                 memory_bytes=run_choices.memory_bytes(chosen),
                 cpus=chosen.cpus if chosen is not None else None,
+                mounts=mounts,
             ),
             run_settings=run_choices.stored_run_settings(chosen),
         )

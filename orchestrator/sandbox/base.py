@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Protocol
 
 from orchestrator.errors import SandboxError, SandboxStartError
+from orchestrator.sandbox.mounts import ExtraMount
 
 __all__ = [
     "PYTHONPATH_ENV",
@@ -99,6 +100,9 @@ class SandboxSpec:
     # docker backend mounts each read-only (docs/harness.md, "Skills"). Part of the policy: a
     # child's spec copies its parent's.
     skill_dirs: tuple[Path, ...] = ()
+    # Host directories shown at more paths inside (``sandbox/mounts.py``; docker only): part
+    # of the policy, so a child has its parent's.
+    mounts: tuple[ExtraMount, ...] = ()
 
 
 def checked_skill_dirs(dirs: Sequence[Path]) -> tuple[Path, ...]:

@@ -104,6 +104,7 @@ from orchestrator.sandbox.docker_user import container_user
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_sandbox import apply_session
 from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, resolve_image
+from orchestrator.sandbox.mounts import check_mounts
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.relay import serve_unix_to_tcp
@@ -708,6 +709,7 @@ class DockerBackend(ConfinedPolicy, SandboxBackend):
             and self.limits_for(spec) == default
             and self.network_for(spec) == self.network
             and spec.skill_dirs == self._pool_skills  # mounts are fixed at creation
+            and not spec.mounts
         )
 
     def start_pool(
@@ -766,7 +768,12 @@ class DockerBackend(ConfinedPolicy, SandboxBackend):
             raise SandboxError("backend is closed")
         if not spec.cwd.is_dir():
             raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
-        spec = replace(spec, cwd=spec.cwd.resolve(), skill_dirs=checked_skill_dirs(spec.skill_dirs))
+        spec = replace(
+            spec,
+            cwd=spec.cwd.resolve(),
+            skill_dirs=checked_skill_dirs(spec.skill_dirs),
+            mounts=check_mounts(spec.mounts, spec.cwd.resolve()),
+        )
         self.check_workspace(spec)
         if self.pool_size > 0 and self.workspace_mode != "copy":
             fits = self._pool_fits(spec)

@@ -58,6 +58,7 @@ from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import SANDBOX_UID, container_user
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
 from orchestrator.sandbox.images import image_exists, image_hint
+from orchestrator.sandbox.mounts import ExtraMount
 
 __all__ = [  # the shared layout of confined.py is re-exported
     "CONTAINER_GATEWAY_RUNTIME",
@@ -145,6 +146,16 @@ def skill_mount_specs(skill_dirs: tuple[Path, ...]) -> list[Any]:
     ]
 
 
+def extra_mount_specs(extra: tuple[ExtraMount, ...]) -> list[Any]:
+    """Docker ``Mount``s of a session's extra mounts (checked by the backend, mounts.py)."""
+    from docker.types import Mount
+
+    return [
+        Mount(target=m.target, source=str(m.source), type="bind", read_only=m.read_only)
+        for m in extra
+    ]
+
+
 def gpu_requests(gpus: str) -> list[Any]:
     """Docker's ``--gpus``: "" none, "all" every GPU, N that many (the NVIDIA container
     runtime must be installed; without it the start fails with the engine's one-line error)."""
@@ -175,7 +186,9 @@ def run_container(docker: Any, request: ContainerRequest, socket_dir: Path) -> s
         str(source): {"bind": workspace, "mode": "ro" if mode == "ro" else "rw"},
         str(outputs): {"bind": str(outputs), "mode": "rw"},
     }
-    skills = skill_mount_specs(spec.skill_dirs)
+    # Mount objects, not ``volumes`` entries: an extra mount may show the workspace itself at
+    # a second path (a Harbor task's /app), and ``volumes`` is keyed by the source.
+    skills = skill_mount_specs(spec.skill_dirs) + extra_mount_specs(spec.mounts)
     image = request.image
     # Checked first: containers.run would try to pull a missing image from a registry.
     if not image_exists(image, docker):

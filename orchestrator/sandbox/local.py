@@ -693,6 +693,11 @@ def check_spec(spec: SandboxSpec) -> None:
     directory, an environment variable name or value that ``execve`` cannot carry."""
     if not spec.cwd.is_dir():
         raise SandboxStartError(f"session cwd {spec.cwd} is not a directory")
+    if spec.mounts:  # only a container can show a directory at another path (mounts.py)
+        raise SandboxStartError(
+            "this session asks for extra mounts (a Harbor task's /app, /tests, /logs): "
+            "they need the docker backend"
+        )
     for name, value in spec.env.items():
         if not name or "=" in name or "\0" in name or "\0" in value:
             raise SandboxStartError(f"invalid environment variable name or value: {name!r}")

@@ -313,6 +313,7 @@ class Orchestrator:
                 limits=p.limits,
                 network=p.network,
                 skill_dirs=p.skill_dirs,
+                mounts=p.mounts,
             )
         live = LiveSession(record=record, model=model, spec=spec)
         self.budgets.add(session_id, parent.id if parent else None, budget)

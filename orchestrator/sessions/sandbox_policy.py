@@ -10,13 +10,15 @@ network) still gives the session what it was created with (docs/daemon.md).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Literal
 
 from pydantic import ValidationError
 
 from orchestrator.errors import UserError
 from orchestrator.sandbox.base import ResourceLimits, SandboxBackend, SandboxSpec
-from orchestrator.session_specs import StoredSandboxPolicy
+from orchestrator.sandbox.mounts import ExtraMount
+from orchestrator.session_specs import StoredMount, StoredSandboxPolicy
 from orchestrator.settings import Settings
 
 __all__ = ["SandboxChoice", "apply_policy", "chosen_policy", "policy_for"]
@@ -35,9 +37,12 @@ class SandboxChoice:
     # Limits (an eval config's sandbox.memory_mib and cpus; docker enforces them).
     memory_bytes: int | None = None
     cpus: float | None = None
+    # Host directories at more paths inside (a Harbor task's /app, /tests, /logs).
+    mounts: tuple[StoredMount, ...] | None = None
 
     def fields(self) -> dict[str, object]:
         chosen = {
+            "mounts": self.mounts,
             "image": self.image,
             "workspace": self.workspace,
             "network": self.network,
@@ -90,4 +95,5 @@ def apply_policy(spec: SandboxSpec, policy: StoredSandboxPolicy) -> SandboxSpec:
         workspace=policy.workspace,
         network=policy.network,
         limits=ResourceLimits(memory_bytes=policy.memory_bytes, cpus=policy.cpus, pids=policy.pids),
+        mounts=tuple(ExtraMount(Path(m.source), m.target, m.read_only) for m in policy.mounts),
     )

@@ -66,7 +66,7 @@ def expand(spec: SweepFile) -> list[Cell]:
     tasks = [
         task
         for entry in spec.suites
-        for task in generate(entry.suite, entry.tasks, entry.context_tokens, entry.seed)
+        for task in generate(entry.suite, entry.tasks, entry.context_tokens, entry.seed, entry.path)
     ]
     total = len(tasks) * len(spec.models) * len(spec.variants) * len(spec.seeds)
     if total > MAX_GRID_CELLS:

@@ -7,6 +7,8 @@
 - ``exact``: 1 when the answer, or its last line, is the expected text once case, surrounding
   punctuation, quotes and markdown emphasis are set aside;
 - ``gate``: 1 when the trial's autonomous run stopped with every gate passed in the sandbox;
+- ``verifier``: the reward a Harbor task's verifier wrote (``tests/test.sh`` in the sandbox
+  after the agent's turn), clamped to [0, 1];
 - ``pairs_f1``: F1 of the pairs the answer lists (``(a, b)``, order within a pair ignored)
   against the expected pairs.
 """
@@ -68,9 +70,14 @@ def _pairs_f1(answer: str, expected: list[Any]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def score(task: Task, answer: str, stop_reason: str | None = None) -> float:
-    """``answer``'s score; a gated task scores by how its run stopped (``stop_reason``)."""
+def score(
+    task: Task, answer: str, stop_reason: str | None = None, reward: float | None = None
+) -> float:
+    """``answer``'s score; a gated task scores by how its run stopped (``stop_reason``), a
+    verified one by its verifier's ``reward``."""
     match task.scoring:
+        case "verifier":
+            return min(1.0, max(0.0, reward)) if reward is not None else 0.0
         case "gate":
             return 1.0 if stop_reason == GATE_PASSED else 0.0
         case "contains":

@@ -28,7 +28,7 @@ from orchestrator.control.yaml_file import read_yaml_mapping, validation_line
 from orchestrator.errors import ConfigError
 from orchestrator.sandbox.choice import BACKEND_CHOICES
 from orchestrator.settings import ProviderLimitsConfig
-from orchestrator.sweeps.suites import SUITE_NAMES
+from orchestrator.sweeps.suites import PATH_SUITES, SUITE_NAMES
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -47,7 +47,6 @@ __all__ = [
 MIN_CONTEXT_TOKENS: Final = 256
 MAX_CONTEXT_TOKENS: Final = 1_048_576
 MAX_SUITE_TASKS: Final = 10_000
-DEFAULT_SUITE_TASKS: Final = 10
 DEFAULT_CONCURRENCY: Final = 4
 MAX_CONCURRENCY: Final = 256
 MAX_GRID_CELLS: Final = 100_000
@@ -63,12 +62,23 @@ class _Section(BaseModel):
 
 
 class SuiteEntry(_Section):
-    """One built-in suite and its size: ``tasks`` per context length."""
+    """One suite and its size: ``tasks`` per context length of a built-in suite (default
+    ``DEFAULT_SUITE_TASKS``); for ``harbor``, ``path`` (a task directory, or a dataset of them;
+    relative to the sweep file) and at most ``tasks`` of its tasks (default: all)."""
 
     suite: str
-    tasks: int = Field(default=DEFAULT_SUITE_TASKS, ge=1, le=MAX_SUITE_TASKS)
+    tasks: int | None = Field(default=None, ge=1, le=MAX_SUITE_TASKS)
     context_tokens: tuple[int, ...] | None = None
     seed: int = 0  # the generator's: which tasks (the sweep's seeds are the trials')
+    path: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _path_where_read(self) -> SuiteEntry:
+        if self.suite in PATH_SUITES and self.path is None:
+            raise ValueError(f"suite {self.suite} needs a path (a task directory or a dataset)")
+        if self.suite not in PATH_SUITES and self.path is not None:
+            raise ValueError(f"suite {self.suite} is generated: it takes no path")
+        return self
 
     @field_validator("suite")
     @classmethod
@@ -214,7 +224,19 @@ def load_sweep(path: Path | str) -> SweepFile:
     shown = str(path)
     source = Path(path).expanduser().resolve()
     data = read_yaml_mapping(source, shown, empty="at least name, suites and models")
+    _paths_from(source.parent, data)
     try:
         return SweepFile.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(validation_line(shown, exc, _PATTERN_MESSAGES)) from None
+
+
+def _paths_from(directory: Path, data: dict[str, Any]) -> None:
+    """A suite's relative ``path`` is relative to the sweep file, wherever it runs from."""
+    suites = data.get("suites")
+    if not isinstance(suites, list):
+        return
+    for entry in suites:
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            path = Path(entry["path"]).expanduser()
+            entry["path"] = str(path if path.is_absolute() else (directory / path).resolve())

@@ -18,7 +18,7 @@ __all__ = ["CHARS_PER_TOKEN", "Scoring", "Task"]
 # characters a token for the common BPE vocabularies.
 CHARS_PER_TOKEN: Final = 4
 
-Scoring = Literal["contains", "numeric", "exact", "pairs_f1", "gate"]
+Scoring = Literal["contains", "numeric", "exact", "pairs_f1", "gate", "verifier"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,9 @@ class Task:
     params: dict[str, Any] = field(default_factory=dict)  # e.g. {"context_tokens": 8000}
     files: dict[str, str] = field(default_factory=dict)  # the workspace it starts with
     gates: tuple[str, ...] = ()  # commands that must pass in the sandbox (scoring "gate")
+    # Where the task's files lie (a Harbor task directory); not part of its content, so a
+    # dataset moved elsewhere keeps its cells.
+    source: str | None = None
 
     @property
     def content_hash(self) -> str:

@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, daemon_pids, kill_9, stop_daemons, wait_until, write_config
+from tests.helpers import cli, daemon_pids, kill_9, need, stop_daemons, wait_until, write_config
 
 # Bounds, not expectations: 24 trials on 2 loaded cores.
 SWEEP_TIMEOUT_S = 600.0
@@ -340,3 +340,63 @@ def test_a_model_without_its_key_is_refused_before_anything_runs(
     assert "openai/gpt-4o-mini cannot run: OPENAI_API_KEY is not set" in refused.stderr
     assert "(and 1 more)" in refused.stderr
     assert daemon_pids() == []  # refused before the daemon was even started
+
+
+HARBOR_DATASET = Path(__file__).resolve().parents[1] / "fixtures" / "harbor"
+# Does what the hello-world task asks, in /app; reports whether the verifier's tests were
+# visible while it worked (they must not be).
+HARBOR_SOLVER = r"""
+repeat forever:
+    when "hello.txt":
+        code:
+            import os
+            name = open("/app/name.txt").read().strip()
+            open("/app/hello.txt", "w").write(f"Hello, {name}!\n")
+            seen = os.path.exists("/tests/test_outputs.py"), sorted(os.listdir("."))
+            print("tests visible:", seen[0], "cwd has:", seen[1])
+    else: text: done
+"""
+HARBOR_SWEEP = """
+name: harbor
+suites: [{{suite: harbor, path: {path}}}]
+models: [openai/finder, openai/dud]
+backend: docker
+"""
+
+
+def test_harbor_task_directories_run_with_their_environment_and_verifier(
+    autostart: None, tmp_path: Path
+) -> None:
+    from orchestrator.sandbox.docker import docker_usable
+
+    usable, why = docker_usable()
+    if not usable:
+        need("docker", why)
+    with FakeModelServer(HARBOR_SOLVER) as solver, FakeModelServer(DUD) as dud:
+        _models(solver, dud)
+        path = tmp_path / "harbor.yaml"
+        path.write_text(HARBOR_SWEEP.format(path=HARBOR_DATASET))
+        ran = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        # The task whose base image is on a registry cannot run here: said, not run.
+        assert ran.returncode == 1, ran.stderr
+        assert (
+            "sweep harbor: 2 cell(s) cannot run here: harbor/remote-base: its base image "
+            "ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest is not here" in ran.stderr
+        )
+        assert "sweep harbor: incomplete" in ran.stderr
+        cells = {(c["task_id"], c["model"]): c for c in _cells("harbor")}
+        assert cells[("harbor/remote-base", "openai/finder")]["trials"] == 0
+        assert cells[("harbor/remote-base", "openai/dud")]["trials"] == 0
+        # Scored by the task's own tests/test.sh, run in the trial's sandbox after the turn.
+        solved = cells[("harbor/hello-world", "openai/finder")]
+        assert (solved["state"], solved["score"]) == ("scored", 1.0)
+        missed = cells[("harbor/hello-world", "openai/dud")]
+        assert (missed["state"], missed["score"]) == ("scored", 0.0)
+        # The environment's WORKDIR (with the file its Dockerfile copied) was the agent's /app
+        # and its working directory; the tests were not there while it worked.
+        seen = json.dumps(solver.requests[-1]["messages"])
+        assert "tests visible: False" in seen
+        assert "'name.txt'" in seen
+        # The verifier's reward file is kept with the trial.
+        rewards = list((Path(os.environ["XDG_DATA_HOME"])).rglob("logs/verifier/reward.txt"))
+        assert sorted(r.read_text().strip() for r in rewards) == ["0", "1"]

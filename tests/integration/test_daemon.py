@@ -183,10 +183,29 @@ async def _conversation(tmp_path: Path, model: FakeModelServer) -> str:
         ("create_session", {"cwd": "relative/dir"}, "invalid_argument"),
         ("create_session", {"cwd": str(tmp_path), "model": "nosuchprovider/x"}, "invalid_argument"),
         ("create_session", {"cwd": str(tmp_path), "backend": "kubernetes"}, "invalid_argument"),
+        # An extra mount over a path the sandbox needs, or of a source that is not there.
+        (
+            "create_session",
+            {"cwd": str(tmp_path), "mounts": [{"source": str(tmp_path), "target": "/etc"}]},
+            "invalid_argument",
+        ),
+        (
+            "create_session",
+            {"cwd": str(tmp_path), "mounts": [{"source": str(tmp_path / "no"), "target": "/a"}]},
+            "invalid_argument",
+        ),
     ]:
         with pytest.raises(ApiCommandError) as failed:
             await second.call(command, **fields)
         assert failed.value.code == code, (command, failed.value)
+
+    # A check in the quiet session's sandbox, in its workspace (a sweep's verifier).
+    (tmp_path / "marker.txt").write_text("here")
+    checked = await second.call(
+        "run_check", session=sid, command="cat marker.txt; exit 3", timeout_s=60
+    )
+    assert (checked["exit_code"], checked["passed"], checked["timed_out"]) == (3, False, False)
+    assert "here" in checked["output"]
 
     # The first client goes away: the session and the daemon stay.
     await first.close()
@@ -200,6 +219,9 @@ async def _conversation(tmp_path: Path, model: FakeModelServer) -> str:
         "delivered"
     )
     await _status(second, sid, "running")
+    with pytest.raises(ApiCommandError) as working:  # never on a workspace being changed
+        await second.call("run_check", session=sid, command="true", timeout_s=60)
+    assert working.value.code == "busy"
     # Abort once the slow step is being served: earlier, the next prompt would get it instead.
     async with asyncio.timeout(TURN_TIMEOUT_S):
         while len(model.requests) < SLOW_REQUEST_NO:

@@ -59,6 +59,13 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "send_message", "command_id": "9", "session": "s-x", "text": "yo"},
     {"type": "get_usage", "command_id": "10", "tree": True},
     {"type": "wait_quiet", "command_id": "12", "session": "s-x", "timeout_s": 5, "release": True},
+    {
+        "type": "run_check",
+        "command_id": "12c",
+        "session": "s-x",
+        "command": "bash /tests/test.sh",
+        "timeout_s": 60,
+    },
     {"type": "export_session", "command_id": "13", "session": "s-x", "path": "/tmp/x.jsonl"},
     {"type": "tree", "command_id": "14", "session": "s-x", "after_seq": 10, "limit": 50},
     {"type": "branch", "command_id": "15", "session": "s-x", "event": "4", "summary": "tried A"},
@@ -189,7 +196,7 @@ def test_mutating_set() -> None:
     expected |= {"set_model", "refine", "refine_rollback", "harness_edit"}
     expected |= {"harness_accept", "harness_reject"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
-    expected |= {"sandbox_control", "autonomous", "record_eval_result"}
+    expected |= {"sandbox_control", "autonomous", "record_eval_result", "run_check"}
     expected |= {"sweep_trial_start", "sweep_trial_finish", "sweep_cancel", "sweep_close"}
     assert expected == MUTATING_COMMAND_TYPES
 

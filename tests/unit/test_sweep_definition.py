@@ -12,7 +12,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.sweeps.grid import expand
 from orchestrator.sweeps.scoring import score
 from orchestrator.sweeps.spec import SweepFile, load_sweep
-from orchestrator.sweeps.suites import SUITE_NAMES, generate
+from orchestrator.sweeps.suites import SUITES, generate
 from orchestrator.sweeps.suites.oolong_synth import CATEGORIES
 from orchestrator.sweeps.tasks import CHARS_PER_TOKEN, Task
 from orchestrator.sweeps.trial import CONTEXT_FILE, trial_input
@@ -80,7 +80,7 @@ def test_a_bad_file_is_one_line_naming_the_field(tmp_path: Path, text: str, need
     assert needle in message and "\n" not in message and message.startswith(str(tmp_path))
 
 
-LONG_CONTEXT_SUITES = [s for s in SUITE_NAMES if s != "code-fix"]
+LONG_CONTEXT_SUITES = [s for s in SUITES if s != "code-fix"]
 
 
 @pytest.mark.parametrize("suite", LONG_CONTEXT_SUITES)
