@@ -28,6 +28,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "MAX_PROMPT_CHARS",
     "MODEL_SPEC_VERSION",
     "RUN_SETTINGS_VERSION",
     "SANDBOX_POLICY_VERSION",
@@ -42,6 +43,8 @@ __all__ = [
 MODEL_SPEC_VERSION: Final = 1
 SANDBOX_POLICY_VERSION: Final = 1
 RUN_SETTINGS_VERSION: Final = 1
+# A system prompt a run gives its root (--system-prompt, --append-system-prompt).
+MAX_PROMPT_CHARS: Final = 200_000
 # An environment variable's name as stored: what a shell accepts, bounded.
 ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
@@ -127,6 +130,14 @@ class StoredRunSettings(_Spec):
     # A workspace file the REPL binds to the variable ``context`` at every kernel start (a
     # sweep's rlm variant: the long context; orchestrator/runtime session_setup).
     repl_context_file: str | None = Field(default=None, min_length=1, max_length=255)
+    # Model calls per user prompt (``--max-turns``): the family's ``max_turn_steps``.
+    max_turn_steps: int | None = Field(default=None, ge=1)
+    # The root's system prompt (``--system-prompt``: instead of the built-in base prompt;
+    # ``--append-system-prompt``: after it). Its subagents keep their own.
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    append_system_prompt: str | None = Field(
+        default=None, min_length=1, max_length=MAX_PROMPT_CHARS
+    )
 
     @property
     def empty(self) -> bool:
@@ -138,5 +149,8 @@ class StoredRunSettings(_Spec):
             self.retry_base_delay_s,
             self.max_depth,
             self.repl_context_file,
+            self.max_turn_steps,
+            self.system_prompt,
+            self.append_system_prompt,
         )
         return not chose_compaction and all(value is None for value in scalars)

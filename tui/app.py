@@ -73,6 +73,7 @@ class PrimeAgentApp(App[None]):
         session: str | None = None,
         model: str | None = None,
         backend: str | None = None,
+        api_base: str | None = None,
         clock: Callable[[], datetime] | None = None,
     ):
         super().__init__()
@@ -81,6 +82,7 @@ class PrimeAgentApp(App[None]):
         self.start_session = session
         self.model = model
         self.backend = backend
+        self.api_base = api_base  # an OpenAI-compatible endpoint for new chats' model
         self._clock = clock or (lambda: datetime.now(UTC))
         self.history: list[str] = []
         self._link: DaemonLink | None = None
@@ -173,9 +175,12 @@ def run_tui(
     session: str | None = None,
     model: str | None = None,
     backend: str | None = None,
+    api_base: str | None = None,
 ) -> int:
     """Run the app on this terminal; the exit code (1: the daemon was not reachable or left)."""
-    app = PrimeAgentApp(socket_path, cwd=cwd, session=session, model=model, backend=backend)
+    app = PrimeAgentApp(
+        socket_path, cwd=cwd, session=session, model=model, backend=backend, api_base=api_base
+    )
     app.run()
     if app.failure is not None:
         print(f"prime-agent: {app.failure}", file=sys.stderr)

@@ -299,6 +299,8 @@ class ChatScreen(Screen[None]):
             fields["model"] = tui.model
         if tui.backend is not None:
             fields["backend"] = tui.backend
+        if tui.api_base is not None:
+            fields["api_base"] = tui.api_base
         created = await tui.link.call("create_session", **fields)
         self.session_id = str(created["session"])
         self.row = {"name": created.get("name"), "model": created.get("model"), "status": "running"}

@@ -35,6 +35,9 @@ class ScreenHost(Protocol):
     def backend(self) -> str | None: ...  # a new session's backend (None: the daemon's choice)
 
     @property
+    def api_base(self) -> str | None: ...  # a new session's model endpoint (None: its own)
+
+    @property
     def history(self) -> list[str]: ...  # inputs sent from any chat, oldest first (for ↑/↓)
 
     def now(self) -> datetime: ...  # the clock "5m ago" is measured with

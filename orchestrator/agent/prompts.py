@@ -101,10 +101,19 @@ def build_system_prompt(
     *,
     tool_protocol: Literal["native", "fenced"],
     harness_section: str = "",
+    base: str | None = None,
+    appended: str | None = None,
 ) -> str:
-    """Base prompt (compact for fenced-protocol models) | harness section | environment facts."""
-    parts = [_COMPACT if tool_protocol == "fenced" else _BASE]
+    """Base prompt (compact for fenced-protocol models; ``base`` instead when a run gave one:
+    ``--system-prompt``) | harness section | environment facts | ``appended``
+    (``--append-system-prompt``)."""
+    if base is not None:
+        parts = [base.rstrip("\n") + "\n"]
+    else:
+        parts = [_COMPACT if tool_protocol == "fenced" else _BASE]
     if harness_section:
         parts.append("\n" + harness_section.strip() + "\n")
     parts.append(facts.render())
+    if appended:
+        parts.append("\n" + appended.strip() + "\n")
     return "".join(parts)

@@ -128,6 +128,7 @@ RECENT_EVENTS_MAX = 1000
 MAX_CAPABILITIES = 64
 # An export's target path (PATH_MAX on Linux).
 MAX_PATH_CHARS = 4096
+MAX_PROMPT_CHARS = 200_000  # a system prompt a run gives its root (session_specs's, pinned)
 MAX_CHECK_COMMAND_CHARS = 4096  # a run_check's shell command
 MAX_CHECK_TIMEOUT_S = 86_400.0
 MAX_MOUNTS = 8  # extra mounts of a session (sandbox/mounts.py's, pinned equal by a test)
@@ -263,6 +264,14 @@ class SessionSettings(_ClientModel):
     # A workspace file (relative, no ".."), bound to the REPL variable ``context`` at every
     # kernel start (a sweep's rlm variant; docs/sweeps.md).
     repl_context_file: str | None = Field(default=None, min_length=1, max_length=255)
+    # --max-turns: model calls per user prompt, for the family.
+    max_turn_steps: int | None = Field(default=None, ge=1)
+    # --system-prompt (instead of the built-in base) and --append-system-prompt (after it):
+    # the root's system prompt; its subagents keep their own.
+    system_prompt: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    append_system_prompt: str | None = Field(
+        default=None, min_length=1, max_length=MAX_PROMPT_CHARS
+    )
 
     @field_validator("repl_context_file")
     @classmethod

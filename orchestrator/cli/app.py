@@ -104,6 +104,10 @@ app.command("doctor", help="Report (--fix: remove) orphaned sandbox containers."
 run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 run_app.command(
     help="Run a task: prime-agent -p 'task' prints only the final answer on stdout.",
+    epilog=(
+        f"Commands: {', '.join(sorted(SUBCOMMANDS))}. `prime-agent help` says what each does; "
+        "`prime-agent COMMAND --help` its options. `prime-agent --version` prints the version."
+    ),
     context_settings={"help_option_names": ["-h", "--help"]},
 )(run_cmd.run)
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NoReturn
 
+from orchestrator.cli.common import EXIT_USAGE
 from orchestrator.cli.dispatch_names import HELP_WORDS, SUBCOMMANDS
+from orchestrator.cli.first_word import VERSION_WORDS, refused_first_word, version_line
 from orchestrator.cli.run_options import Backend, Mode, Workspace
 
 __all__ = ["SUBCOMMANDS", "PlainRun", "main", "parse_plain_run"]
@@ -42,6 +44,9 @@ _VALUED: Final[dict[str, tuple[str, frozenset[str] | None]]] = {
     "--backend": ("backend", frozenset(b.value for b in Backend)),
     "--workspace": ("workspace", frozenset(w.value for w in Workspace)),
     "--image": ("image", None),
+    "--max-turns": ("max_turns", None),
+    "--system-prompt": ("system_prompt", None),
+    "--append-system-prompt": ("append_system_prompt", None),
 }
 
 
@@ -61,6 +66,9 @@ class PlainRun:
     image: str | None = None
     no_refine: bool = False
     debug: bool = False
+    max_turns: str | None = None
+    system_prompt: str | None = None
+    append_system_prompt: str | None = None
 
 
 def parse_plain_run(args: list[str], environ: dict[str, str] | None = None) -> PlainRun | None:
@@ -92,6 +100,8 @@ def parse_plain_run(args: list[str], environ: dict[str, str] | None = None) -> P
         name, allowed = _VALUED[option]
         if allowed is not None and value not in allowed:
             return None
+        if name == "max_turns" and not (value.isdigit() and int(value) >= 1):
+            return None  # typer says what is wrong with it
         setattr(run, name, value)
         given.add(name)
     backend_env = env.get(BACKEND_ENV, "")
@@ -131,6 +141,16 @@ def _run_plain(run: PlainRun, args: list[str]) -> NoReturn:
         early = guarded(lambda: spawn_early(Paths.from_env()), debug=run.debug)
     from orchestrator.cli.controls import Controls
     from orchestrator.cli.interrupts import install_handlers
+    from orchestrator.cli.session_choices import SessionChoices
+
+    choices = guarded(
+        lambda: SessionChoices.from_flags(
+            int(run.max_turns) if run.max_turns is not None else None,
+            run.system_prompt,
+            run.append_system_prompt,
+        ),
+        debug=run.debug,
+    )
 
     install_handlers()  # from here on a signal is an abort (cli/interrupts.py)
     code = guarded(
@@ -150,6 +170,7 @@ def _run_plain(run: PlainRun, args: list[str]) -> NoReturn:
             run.no_refine,
             Controls(),
             early=early,
+            choices=choices,
         ),
         debug=run.debug,
     )
@@ -158,6 +179,13 @@ def _run_plain(run: PlainRun, args: list[str]) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in VERSION_WORDS:
+        print(version_line())
+        raise SystemExit(0)
+    refused = refused_first_word(args)
+    if refused is not None:
+        print(f"prime-agent: error: {refused}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
     run = parse_plain_run(args)
     if run is not None and (run.task or not _stdin_is_terminal()):
         _run_plain(run, args)

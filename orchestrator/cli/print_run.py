@@ -30,6 +30,7 @@ from orchestrator.cli.controls import Controls
 from orchestrator.cli.interrupts import run_interruptible
 from orchestrator.cli.progress import JsonLinesSink, ProgressSink
 from orchestrator.cli.run_options import Backend, Mode, Workspace
+from orchestrator.cli.session_choices import SessionChoices
 from orchestrator.errors import UserError
 from orchestrator.paths import Paths
 
@@ -73,6 +74,8 @@ def _through_daemon(
     no_refine: bool,
     sandbox: dict[str, Any],
     controls: Controls | None = None,
+    *,
+    choices: SessionChoices | None = None,
 ) -> int:
     """The run through the daemon. The daemon applies config.toml itself (refine default,
     sandbox settings); the client adds its options and this shell's key variables."""
@@ -98,6 +101,7 @@ def _through_daemon(
             goal=controls.goal,
             sandbox={**sandbox, "client_env": client_env},
             abort=abort,
+            settings=choices.settings() if choices is not None else None,
         )
     )
     if code == EXIT_ABORTED:
@@ -161,6 +165,8 @@ def run_print(
     no_refine: bool = False,
     controls: Controls | None = None,
     early: subprocess.Popen[bytes] | None = None,
+    *,
+    choices: SessionChoices | None = None,
 ) -> int:
     # A run through the daemon reads three values of config.toml without the settings models
     # (cli/client_config.py): the client's start is its own imports (docs/cli.md, "Start-up
@@ -186,7 +192,17 @@ def run_print(
         # A running daemon owns the database: go through it (same output, same exit codes).
         sandbox = {**sandbox_options, "network": network}
         return _through_daemon(
-            text, model_sel, api_base, cwd, backend, mode, config, no_refine, sandbox, controls
+            text,
+            model_sel,
+            api_base,
+            cwd,
+            backend,
+            mode,
+            config,
+            no_refine,
+            sandbox,
+            controls,
+            choices=choices,
         )
     if settings is None:
         settings = _full_settings(paths)
@@ -231,6 +247,7 @@ def run_print(
                 network=network,
                 autonomous=controls.policy() if controls is not None else None,
                 goal=controls.goal_pair() if controls is not None else None,
+                run_settings=choices.stored() if choices is not None else None,
             ),
             resolved,
             settings,

@@ -14,6 +14,7 @@ from orchestrator.cli.controls import controls_from_flags
 from orchestrator.cli.interrupts import install_handlers
 from orchestrator.cli.print_run import read_stdin, run_print
 from orchestrator.cli.run_options import Backend, Mode, Workspace
+from orchestrator.cli.session_choices import SessionChoices
 
 __all__ = ["Backend", "Mode", "Workspace", "run"]
 
@@ -129,6 +130,22 @@ def run(
     goal_budget: Annotated[
         int | None, typer.Option("--goal-budget", min=1, help="The goal's token budget.")
     ] = None,
+    max_turn_steps: Annotated[
+        int | None,
+        typer.Option("--max-turns", min=1, help="Model calls per prompt (default: config.toml's)."),
+    ] = None,
+    system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--system-prompt", help="The system prompt (text or a file) instead of the built-in."
+        ),
+    ] = None,
+    append_system_prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--append-system-prompt", help="Text (or a file) added to the end of the system prompt."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     text = " ".join(task or []).strip()
@@ -144,6 +161,10 @@ def run(
         if text:  # a follow-up run (without a task it attaches: Ctrl-C detaches there)
             install_handlers()
         raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
+    choices = guarded(
+        lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
+        debug=debug,
+    )
     controls = guarded(
         lambda: controls_from_flags(
             autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
@@ -156,7 +177,10 @@ def run(
 
             chosen = backend.value
             raise SystemExit(
-                guarded(lambda: open_tui(cwd=cwd, model=model, backend=chosen), debug=debug)
+                guarded(
+                    lambda: open_tui(cwd=cwd, model=model, backend=chosen, api_base=api_base),
+                    debug=debug,
+                )
             )
         fail('no task given: prime-agent -p "your task" (or pipe the task on stdin)')
     workdir = (cwd or Path.cwd()).expanduser()
@@ -179,6 +203,7 @@ def run(
             image,
             no_refine,
             controls,
+            choices=choices,
         ),
         debug=debug,
     )

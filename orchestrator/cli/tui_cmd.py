@@ -27,6 +27,7 @@ def open_tui(
     cwd: Path | None = None,
     model: str | None = None,
     backend: str | None = None,
+    api_base: str | None = None,
 ) -> int:
     """Run the TUI on this terminal; its exit code."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
@@ -50,6 +51,7 @@ def open_tui(
         session=session,
         model=model,
         backend=None if backend in (None, "auto") else backend,
+        api_base=api_base,
     )
 
 
@@ -65,8 +67,15 @@ def tui(
             "--backend", help="Sandbox backend for new chats: auto, docker, bwrap or local."
         ),
     ] = None,
+    api_base: Annotated[
+        str | None,
+        typer.Option("--api-base", help="Base URL of an OpenAI-compatible server for --model."),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     raise SystemExit(
-        guarded(lambda: open_tui(session, cwd=cwd, model=model, backend=backend), debug=debug)
+        guarded(
+            lambda: open_tui(session, cwd=cwd, model=model, backend=backend, api_base=api_base),
+            debug=debug,
+        )
     )

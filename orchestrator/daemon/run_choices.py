@@ -68,5 +68,8 @@ def stored_run_settings(chosen: SessionSettings | None) -> StoredRunSettings | N
         retry_base_delay_s=chosen.retry_base_delay_s,
         max_depth=chosen.max_depth,
         repl_context_file=chosen.repl_context_file,
+        max_turn_steps=chosen.max_turn_steps,
+        system_prompt=chosen.system_prompt,
+        append_system_prompt=chosen.append_system_prompt,
     )
     return None if stored.empty else stored

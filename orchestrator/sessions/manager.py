@@ -52,7 +52,7 @@ from orchestrator.sessions.notices import (
     notice_message,
 )
 from orchestrator.sessions.post_turn import after_turn
-from orchestrator.sessions.prompting import PromptBuilder
+from orchestrator.sessions.prompting import PromptBuilder, run_prompts
 from orchestrator.sessions.run_settings import settings_for
 from orchestrator.sessions.sandbox_policy import (
     SandboxChoice,
@@ -348,6 +348,7 @@ class Orchestrator:
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
         settings = self.settings_of(live.record)
+        base, appended = run_prompts(live.record)
         live.loop = AgentLoop(
             session_id=live.id,
             client=ModelClient(live.model, settings),
@@ -356,6 +357,8 @@ class Orchestrator:
                     cwd=live.record.cwd, model=live.model.selector, backend=live.record.backend
                 ),
                 tool_protocol=live.model.tool_protocol,
+                base=base,
+                appended=appended,
             ),
             get_sandbox=lambda: self.sandbox_of(live),
             record=lambda type_, payload: self.record(live, type_, payload),

@@ -33,9 +33,10 @@ from orchestrator.settings import Settings
 from orchestrator.store import harness as harness_store
 from orchestrator.store.db import Store
 from orchestrator.store.harness_entry import GLOBAL_OWNER, HarnessEntry
+from orchestrator.store.queries import SessionRecord
 from orchestrator.store.sessions_with_rows import SessionsWithRows, distinct_sessions_query
 
-__all__ = ["SECTION_SEPARATOR", "PromptBuilder"]
+__all__ = ["SECTION_SEPARATOR", "PromptBuilder", "run_prompts"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,15 @@ SECTION_SEPARATOR: Final = "\n"
 class _Built:
     key: tuple[Any, ...]
     prompt: str
+
+
+def run_prompts(record: SessionRecord) -> tuple[str | None, str | None]:
+    """The system prompt a root's run gave it (``--system-prompt``) and what it appends
+    (``--append-system-prompt``); (None, None) for a subagent, which keeps its own."""
+    chosen = record.run_settings
+    if chosen is None or record.parent_id is not None:
+        return None, None
+    return chosen.system_prompt, chosen.append_system_prompt
 
 
 def _read_harness(
@@ -112,12 +122,15 @@ class PromptBuilder:
             # harness_entries only: a side read, which leaves the step's rows in the log.
             entries, totals = await self.store.read_side(lambda con: _read_harness(con, present))
         skills = skills_prompt_section(self.skills(rec.cwd).skills)
+        base, appended = run_prompts(rec)
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=rec.cwd, model=live.model.selector, backend=rec.backend),
             tool_protocol=live.model.tool_protocol,
             harness_section=SECTION_SEPARATOR.join(
                 part for part in (harness_section(entries, totals), skills) if part
             ),
+            base=base,
+            appended=appended,
         )
         self._built[live.id] = _Built(key, prompt)
         return prompt

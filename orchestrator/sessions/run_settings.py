@@ -28,6 +28,7 @@ def settings_for(base: Settings, chosen: StoredRunSettings | None) -> Settings:
         "model_max_retries": chosen.model_max_retries,
         "retry_base_delay_s": chosen.retry_base_delay_s,
         "max_depth": chosen.max_depth,
+        "max_turn_steps": chosen.max_turn_steps,
     }
     if chosen.compaction is not None:
         compaction = chosen.compaction.model_dump(exclude_none=True)

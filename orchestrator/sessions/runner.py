@@ -21,6 +21,7 @@ from orchestrator.models.registry import ResolvedModel
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import SandboxBackend
 from orchestrator.sandbox.choice import BackendChoice, BackendRequest, choose_backend
+from orchestrator.session_specs import StoredRunSettings
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import RunStop
@@ -47,6 +48,8 @@ class RunOptions:
     # Long-horizon controls (docs/control.md): autonomous mode and a goal (objective, budget).
     autonomous: AutonomousPolicy | None = None
     goal: tuple[str, int | None] | None = None
+    # What the run's flags chose over config.toml (--max-turns, --system-prompt, ...).
+    run_settings: StoredRunSettings | None = None
 
 
 @dataclass
@@ -170,6 +173,7 @@ async def run_session(
             cwd=opts.cwd,
             name=opts.name or first_line[:SESSION_NAME_MAX] or None,
             budget=settings.session_token_budget,
+            run_settings=opts.run_settings,
         )
         if choice.warning:  # local: NOT isolated. Once the session exists, before it runs
             # anything: a run refused before that (its NATS unreachable) says only why.

@@ -186,3 +186,17 @@ async def test_subagents_are_listed_under_the_input(daemon: Path, project: Path)
         )
         line = next(ln for ln in screen_text(pilot).splitlines() if "↳ alpha" in ln)
         assert " tok " in line and "$" in line
+
+
+async def test_a_new_chat_uses_the_model_endpoint_given_with_api_base(
+    daemon: Path, project: Path
+) -> None:
+    # `prime-agent tui --model M --api-base URL`: the endpoint config.toml does not name.
+    with FakeModelServer("text: Hello from the other endpoint.") as other:
+        app = PrimeAgentApp(daemon, cwd=project, model="openai/elsewhere", api_base=other.url)
+        async with app.run_test(size=SIZE) as pilot:
+            chat = await chat_screen(pilot, app)
+            await pilot.press(*"hi", "enter")
+            await until(pilot, lambda: "Hello from the other endpoint." in texts(chat, "assistant"))
+        assert len(other.requests) == 1
+        assert other.requests[0]["model"] == "elsewhere"

@@ -139,6 +139,26 @@ def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
     assert ours == theirs
     # The lean -p client sends it when config.toml sets no family_wait_timeout_s.
     assert wire.WAIT_QUIET_DEFAULT_S == settings.FAMILY_WAIT_TIMEOUT_S
+    assert protocol.MAX_PROMPT_CHARS == session_specs.MAX_PROMPT_CHARS
+
+
+def test_the_flags_choices_are_stored_and_the_system_prompts_stay_with_the_root() -> None:
+    from orchestrator.sessions.prompting import run_prompts
+
+    chosen = SessionSettings(max_turn_steps=3, system_prompt="S.", append_system_prompt="A.")
+    stored = stored_run_settings(chosen)
+    assert stored is not None and not stored.empty
+    assert settings_for(Settings(), stored).max_turn_steps == 3
+    root = SessionRecord(
+        id=new_session_id(), root_id="r", parent_id=None, name=None, depth=0, cwd="/",
+        model="openai/x", backend="local", status="idle", run_settings=stored,
+    )  # fmt: skip
+    assert run_prompts(root) == ("S.", "A.")
+    child = SessionRecord(
+        id=new_session_id(), root_id="r", parent_id="r", name=None, depth=1, cwd="/",
+        model="openai/x", backend="local", status="idle", run_settings=stored,
+    )  # fmt: skip
+    assert run_prompts(child) == (None, None)  # a subagent keeps its own prompt
 
 
 def test_a_lower_case_key_variable_a_config_accepts_the_protocol_accepts() -> None:

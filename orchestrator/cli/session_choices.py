@@ -1,0 +1,77 @@
+"""What a run's own flags choose for its session over config.toml: ``--max-turns N`` (model
+calls per user prompt), ``--system-prompt TEXT`` (instead of the built-in base prompt) and
+``--append-system-prompt TEXT`` (after it). A value naming an existing file is read from it,
+as Prime Agent's flags are.
+
+They travel as ``SessionSettings`` fields to the daemon (stored with the session, so a wake or
+another daemon keeps them) or as ``StoredRunSettings`` to an in-process run; the system
+prompts apply to the root only (its subagents keep their own), ``--max-turns`` to the family.
+Plain data here: the lean ``-p`` path imports no pydantic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.session_specs import StoredRunSettings
+
+__all__ = ["SessionChoices", "prompt_text"]
+
+
+def prompt_text(value: str | None, flag: str) -> str | None:
+    """``value``, or the text of the file it names; ``UserError`` for one that is empty."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8") if len(value) < 4096 and path.is_file() else value
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{flag}: cannot read {path}: {exc}") from None
+    if not text.strip():
+        raise UserError(f"{flag} is empty")
+    return text
+
+
+@dataclass(frozen=True)
+class SessionChoices:
+    max_turn_steps: int | None = None
+    system_prompt: str | None = None
+    append_system_prompt: str | None = None
+
+    @classmethod
+    def from_flags(
+        cls, max_turns: int | None, system_prompt: str | None, append_system_prompt: str | None
+    ) -> SessionChoices:
+        if max_turns is not None and max_turns < 1:
+            raise UserError("--max-turns must be at least 1")
+        return cls(
+            max_turn_steps=max_turns,
+            system_prompt=prompt_text(system_prompt, "--system-prompt"),
+            append_system_prompt=prompt_text(append_system_prompt, "--append-system-prompt"),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        chosen = {
+            "max_turn_steps": self.max_turn_steps,
+            "system_prompt": self.system_prompt,
+            "append_system_prompt": self.append_system_prompt,
+        }
+        return {k: v for k, v in chosen.items() if v is not None}
+
+    def settings(self) -> dict[str, Any] | None:
+        """``create_session``'s ``settings`` (``SessionSettings`` fields); None: none chosen."""
+        return self.fields() or None
+
+    def stored(self) -> StoredRunSettings | None:
+        """What an in-process run stores with its root; None: none chosen."""
+        fields = self.fields()
+        if not fields:
+            return None
+        from orchestrator.session_specs import StoredRunSettings
+
+        return StoredRunSettings(**fields)
