@@ -265,7 +265,8 @@ def select_family(con: duckdb.DuckDBPyConnection, root_id: str) -> list[SessionR
 
 
 def find_session(con: duckdb.DuckDBPyConnection, selector: str) -> SessionRecord | None:
-    """The session whose id equals or starts with ``selector``, or whose name equals it.
+    """The session whose id equals or starts with ``selector``, or whose name or subagent id
+    (``sub-…``, what ``agents`` shows for a child) equals it.
 
     An exact id wins outright. Otherwise the prefix and name matches together must be exactly
     one session; several raise ``UserError`` listing them, none returns ``None``.
@@ -277,7 +278,8 @@ def find_session(con: duckdb.DuckDBPyConnection, selector: str) -> SessionRecord
         return exact
     # starts_with, not LIKE: a selector containing % or _ must not act as a wildcard.
     rows = con.execute(
-        f"{_SESSION_SELECT} WHERE starts_with(id, $1) OR name = $1 ORDER BY created_at, id",
+        f"{_SESSION_SELECT} WHERE starts_with(id, $1) OR name = $1 OR rlm_child_id = $1 "
+        "ORDER BY created_at, id",
         [selector],
     ).fetchall()
     if not rows:

@@ -18,6 +18,7 @@ import pytest
 
 from orchestrator.errors import StoreError, StoreLocked, UserError
 from orchestrator.ids import new_session_id
+from orchestrator.sessions.live import child_id_for
 from orchestrator.store import db as store_db
 from orchestrator.store.db import CURRENT_LEAF, EventRecord, SessionRecord, Store
 from orchestrator.store.events import (
@@ -443,6 +444,16 @@ async def test_sessions_create_update_list_find(db_path: Path) -> None:
             await store.find_session("s-")
         assert await store.find_session("s-%") is None
         assert await store.find_session("nobody") is None
+        # A subagent by the id `agents` shows for it (its rlm child id).
+        child = new_session_id()
+        await store.create_session(
+            SessionRecord(
+                id=child, root_id=a, parent_id=a, depth=1, cwd="/work", model="fake/model",
+                backend="local", rlm_child_id=child_id_for(child),
+            )
+        )  # fmt: skip
+        found = await store.find_session(child_id_for(child))
+        assert found is not None and found.id == child
 
 
 async def test_branch_by_moving_the_leaf_and_active_path(db_path: Path) -> None:
