@@ -1,5 +1,8 @@
 """Prime Agent's orchestrator: the public surface is the names below (``__all__``).
 
+- ``Client`` (with ``Session`` and ``Outcome``): the Python SDK, an async client of the daemon
+  that creates sessions, prompts them, streams their events, aborts and reads usage
+  (``orchestrator/sdk.py``, docs/sdk.md).
 - ``ControlClient``: the async client of a running daemon's control socket (docs/protocol.md).
 - The exception tree: ``PrimeAgentError`` and its subclasses, drawn in ``orchestrator/errors.py``
   (the control API's own ``ApiError`` subclasses included).
@@ -63,6 +66,7 @@ if TYPE_CHECKING:
         StoreLocked,
         UserError,
     )
+    from orchestrator.sdk import Client, Outcome, Session
     from orchestrator.settings import (
         CompactionSettings,
         DaemonSettings,
@@ -79,6 +83,7 @@ __all__ = [
     "ApiCommandError",
     "ApiError",
     "BusError",
+    "Client",
     "CompactionSettings",
     "ConfigError",
     "ConnectionClosed",
@@ -106,6 +111,7 @@ __all__ = [
     "ModelNotFound",
     "ModelUnreachable",
     "NatsSettings",
+    "Outcome",
     "PermissionDenied",
     "PrimeAgentError",
     "ProtocolMismatch",
@@ -114,6 +120,7 @@ __all__ = [
     "SandboxSettings",
     "SandboxStartError",
     "ScheduleSpecError",
+    "Session",
     "Settings",
     "SocketPathError",
     "StoreError",
@@ -123,6 +130,8 @@ __all__ = [
 ]
 
 _API_CLIENT: Final = "orchestrator.api.client"
+_SDK: Final = "orchestrator.sdk"
+_SDK_NAMES: Final = frozenset({"Client", "Outcome", "Session"})
 _API_ERRORS: Final = "orchestrator.api.errors"
 _ERRORS: Final = "orchestrator.errors"
 _SETTINGS: Final = "orchestrator.settings"
@@ -157,6 +166,8 @@ def _home(name: str) -> str:
     """The module that defines the public ``name``."""
     if name == "ControlClient":
         return _API_CLIENT
+    if name in _SDK_NAMES:
+        return _SDK
     if name in _API_ERROR_NAMES:
         return _API_ERRORS
     if name in _SETTINGS_NAMES:
