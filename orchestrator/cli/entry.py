@@ -19,7 +19,7 @@ from typing import Final, NoReturn
 from orchestrator.cli.common import EXIT_USAGE
 from orchestrator.cli.dispatch_names import HELP_WORDS, SUBCOMMANDS
 from orchestrator.cli.first_word import VERSION_WORDS, refused_first_word, version_line
-from orchestrator.cli.run_options import Backend, Mode, Workspace
+from orchestrator.cli.run_options import PLAIN_MODES, Backend, Mode, Workspace
 
 __all__ = ["SUBCOMMANDS", "PlainRun", "main", "parse_plain_run"]
 
@@ -37,7 +37,7 @@ _FLAGS: Final = {
 }
 # Options with a value: option → (field, allowed values or None for any).
 _VALUED: Final[dict[str, tuple[str, frozenset[str] | None]]] = {
-    "--mode": ("mode", frozenset(m.value for m in Mode)),
+    "--mode": ("mode", PLAIN_MODES),
     "--model": ("model", None),
     "--api-base": ("api_base", None),
     "--cwd": ("cwd", None),

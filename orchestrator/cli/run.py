@@ -26,9 +26,14 @@ def run(
     print_mode: Annotated[
         bool, typer.Option("-p", "--print", help="Run to the end; print only the final answer.")
     ] = False,
-    mode: Annotated[Mode, typer.Option("--mode", help="text, or json: every event as a line.")] = (
-        Mode.text
-    ),
+    mode: Annotated[
+        Mode,
+        typer.Option(
+            "--mode",
+            help="text, json (every event as a line), or acp (an Agent Client Protocol agent "
+            "on stdio).",
+        ),
+    ] = Mode.text,
     resume: Annotated[
         str | None,
         typer.Option(
@@ -146,8 +151,55 @@ def run(
             "--append-system-prompt", help="Text (or a file) added to the end of the system prompt."
         ),
     ] = None,
+    provider: Annotated[
+        str | None,
+        typer.Option(
+            "--provider",
+            help="With --model ID: a provider of Prime Agent's models.json "
+            "($PRIME_AGENT_CODING_AGENT_DIR).",
+        ),
+    ] = None,
+    daemon_socket: Annotated[
+        str | None, typer.Option("--daemon-socket", help="The daemon's control socket.")
+    ] = None,
+    offline: Annotated[
+        bool,
+        typer.Option("--offline", help="No network for the sandboxes (the default here)."),
+    ] = False,
+    skills: Annotated[
+        list[str] | None,
+        typer.Option("--skill", help="A skill directory (accepted; see docs/acp.md)."),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
+    if mode is Mode.acp:  # stdin is the protocol's: read nothing from it here
+        from orchestrator.cli.acp_run import run_acp
+
+        acp_choices = guarded(
+            lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
+            debug=debug,
+        )
+        acp_controls = guarded(
+            lambda: controls_from_flags(
+                autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
+            ),
+            debug=debug,
+        )
+        raise SystemExit(
+            guarded(
+                lambda: run_acp(
+                    model=model,
+                    api_base=api_base,
+                    provider=provider,
+                    daemon_socket=daemon_socket,
+                    network=network and not offline,
+                    skills=skills or [],
+                    choices=acp_choices,
+                    controls=acp_controls,
+                ),
+                debug=debug,
+            )
+        )
     text = " ".join(task or []).strip()
     piped = read_stdin()
     if piped.strip():

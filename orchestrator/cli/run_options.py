@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["Backend", "Mode", "Workspace"]
+__all__ = ["PLAIN_MODES", "Backend", "Mode", "Workspace"]
 
 
 class Mode(StrEnum):
     text = "text"
     json = "json"
+    acp = "acp"  # an Agent Client Protocol agent on stdio (cli/acp_mode.py)
+
+
+# The modes the lean pre-dispatch runs itself (the others go to typer).
+PLAIN_MODES = frozenset({Mode.text.value, Mode.json.value})
 
 
 class Backend(StrEnum):

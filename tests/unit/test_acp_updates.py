@@ -1,0 +1,117 @@
+"""ACP mode's pure parts: our events as session/update payloads (cell titles and fences made
+safe for untrusted source) and --provider resolved against Prime Agent's models.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.acp_updates import (
+    CELL_TITLE_MAX_CHARS,
+    META_NAMESPACE,
+    cell_content,
+    cell_title,
+    updates_for_event,
+)
+from orchestrator.cli.coding_agent_models import CODING_AGENT_DIR_ENV, resolve_provider_model
+from orchestrator.errors import UserError
+
+
+@pytest.mark.parametrize(
+    ("code", "title"),
+    [
+        ("print(1)", "print(1)"),
+        ("\n\n  x = 1\ny = 2\n", "x = 1 · +1 lines"),
+        ("%%bash\nls -la\n", "%%bash · ls -la · +1 lines"),
+        ("evil\u202eright-to-left\u0007()", "evilright-to-left()"),
+        ("   \n", "IPython cell"),
+        ("a" * 300, "a" * (CELL_TITLE_MAX_CHARS - 1) + "…"),
+    ],
+)
+def test_a_cell_title_is_one_safe_line(code: str, title: str) -> None:
+    assert cell_title(code) == title
+
+
+def test_the_fence_outruns_every_backtick_run_in_the_source() -> None:
+    code = "s = '````'\nprint(s)"
+    text = cell_content(code)["content"]["text"]
+    assert text.startswith("`````python\n") and text.endswith("\n`````")
+    assert cell_content("x")["content"]["text"] == "```python\nx\n```"
+
+
+def test_a_cell_and_its_result_become_a_tool_call_and_its_update() -> None:
+    cells: dict[str, str] = {}
+    message = {
+        "type": "assistant_message",
+        "payload": {
+            "text": "Let me look.",
+            "tool_calls": [{"id": "c1", "name": "ipython", "arguments": '{"code": "1/0"}'}],
+        },
+    }
+    said, call = updates_for_event(message, cells)
+    assert said == {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": "Let me look."},
+    }
+    assert (call["toolCallId"], call["kind"], call["rawInput"]) == (
+        "c1",
+        "execute",
+        {"code": "1/0"},
+    )
+    result = {
+        "type": "tool_result",
+        "payload": {"tool_call_id": "c1", "text": "ZeroDivisionError", "is_error": True},
+    }
+    (update,) = updates_for_event(result, cells)
+    assert update["status"] == "failed"
+    assert [c["content"]["text"] for c in update["content"]] == [
+        "```python\n1/0\n```",
+        "ZeroDivisionError",
+    ]
+    assert cells == {}
+    # Malformed arguments are shown as they came, not dropped.
+    bad = {
+        "type": "assistant_message",
+        "payload": {"tool_calls": [{"id": "c2", "name": "ipython", "arguments": "{"}]},
+    }
+    (odd,) = updates_for_event(bad, cells)
+    assert (odd["title"], odd["rawInput"]) == ("ipython", "{")
+    compaction = {"type": "compaction", "payload": {"summary": "s", "tokens_before": 9}}
+    (info,) = updates_for_event(compaction, cells)
+    assert info["_meta"][META_NAMESPACE]["compaction"] == {"tokensBefore": 9, "summary": "s"}
+
+
+def test_a_provider_of_models_json_is_an_openai_compatible_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CODING_AGENT_DIR_ENV, str(tmp_path))
+    (tmp_path / "models.json").write_text(
+        json.dumps(
+            {
+                "providers": {
+                    "local": {
+                        "baseUrl": "http://127.0.0.1:9/v1",
+                        "api": "openai-completions",
+                        "apiKey": "LOCAL_KEY",
+                    },
+                    "odd": {"baseUrl": "http://x", "api": "anthropic-messages"},
+                }
+            }
+        )
+    )
+    with pytest.raises(UserError, match="LOCAL_KEY is not set"):
+        resolve_provider_model("local", "qwen")
+    monkeypatch.setenv("LOCAL_KEY", "k-123")
+    chosen = resolve_provider_model("local", "qwen")
+    assert (chosen.model, chosen.api_base, chosen.api_key_env) == (
+        "openai/qwen",
+        "http://127.0.0.1:9/v1",
+        "LOCAL_KEY",
+    )
+    assert chosen.client_env == {"LOCAL_KEY": "k-123"}
+    with pytest.raises(UserError, match="not supported"):
+        resolve_provider_model("odd", "m")
+    with pytest.raises(UserError, match="providers: local, odd"):
+        resolve_provider_model("nobody", "m")
