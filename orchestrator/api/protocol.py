@@ -82,6 +82,7 @@ __all__ = [
     "ServerMessage",
     "SessionSettings",
     "SetModel",
+    "SetSessionName",
     "Shutdown",
     "SweepAddCells",
     "SweepCancel",
@@ -446,6 +447,16 @@ class SetModel(_Command):
     api_base: str | None = Field(default=None, max_length=MAX_API_BASE_CHARS)
 
 
+class SetSessionName(_Command):
+    """Give a session its display name (RPC mode's ``set_session_name``); the name resolves
+    it in every command, so it must not be blank."""
+
+    MUTATING: ClassVar[bool] = True
+    type: Literal["set_session_name"] = "set_session_name"
+    session: Token
+    name: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+
+
 class Refine(_Command):
     """``/refine [instructions]`` (docs/harness.md): plan in the background, apply at the
     session's next turn boundary (now, when it is idle)."""
@@ -778,6 +789,7 @@ _Commands = (
     | ImportSession
     | Compact
     | SetModel
+    | SetSessionName
     | Refine
     | RefineRollback
     | HarnessLog
@@ -828,6 +840,7 @@ _COMMAND_CLASSES: tuple[type[_Command], ...] = (
     ImportSession,
     Compact,
     SetModel,
+    SetSessionName,
     Refine,
     RefineRollback,
     HarnessLog,

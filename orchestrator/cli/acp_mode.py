@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,12 +36,11 @@ from typing import Any, Final, cast
 from orchestrator.api.client import ControlClient
 from orchestrator.api.messages import Event
 from orchestrator.cli.acp_updates import META_NAMESPACE, meta, subagent_update, updates_for_event
+from orchestrator.cli.protocol_stdio import claim_stdout, open_stdio
 
 __all__ = ["AcpOptions", "PrimeAgentAcp", "serve"]
 
 AGENT_NAME: Final = "prime-agent"
-# The longest JSON-RPC line read from the client (an embedded resource can be large).
-STDIO_LIMIT_BYTES: Final = 50 * 1024 * 1024
 AGENT_TITLE: Final = "Prime Agent"
 # How long a tree may take to go quiet after a turn before its terminal update (a long-running
 # subagent is normal; this only bounds a waiter nobody cancels).
@@ -417,24 +415,11 @@ def _prompt_text(blocks: list[Any]) -> str:
     return "\n".join(parts)
 
 
-class _WriteProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
-    """A write pipe's protocol with the flow control a ``StreamWriter`` drains on."""
-
-
-async def _streams(protocol_fd: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=STDIO_LIMIT_BYTES)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    out = os.fdopen(protocol_fd, "wb", buffering=0)
-    transport, protocol = await loop.connect_write_pipe(_WriteProtocol, out)
-    return reader, asyncio.StreamWriter(transport, protocol, None, loop)
-
-
 async def _serve(options: AcpOptions, protocol_fd: int) -> None:
     from acp import run_agent
 
     agent = PrimeAgentAcp(options)
-    reader, writer = await _streams(protocol_fd)
+    reader, writer = await open_stdio(protocol_fd)
     try:
         # The package's Agent protocol lists every optional method; the connection answers
         # method_not_found for those an agent does not define (authenticate, load_session...).
@@ -446,10 +431,5 @@ async def _serve(options: AcpOptions, protocol_fd: int) -> None:
 
 def serve(options: AcpOptions) -> int:
     """Run the agent until the client closes stdin; the exit code."""
-    # stdout belongs to the protocol: the protocol writes to a copy of it, and fd 1 itself
-    # becomes stderr, so nothing printed by accident (a library, a warning) can corrupt it.
-    sys.stdout.flush()
-    protocol_fd = os.dup(sys.stdout.fileno())
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    asyncio.run(_serve(options, protocol_fd))
+    asyncio.run(_serve(options, claim_stdout()))
     return 0

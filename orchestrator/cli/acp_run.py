@@ -1,4 +1,5 @@
-"""``--mode acp``'s command line, turned into the options of the agent (``acp_mode.py``):
+"""``--mode acp`` and ``--mode rpc``: their command lines, turned into the options of the ACP
+agent (``acp_mode.py``) and of the RPC server (``rpc_mode.py``). ACP takes
 ``--model`` / ``--api-base``, or ``--provider NAME --model ID`` from Prime Agent's models.json;
 ``--daemon-socket``; ``--max-turns``, ``--system-prompt``, ``--append-system-prompt``;
 ``--autonomous`` (and its gates and limits); ``--offline`` / ``--network``; ``--skill``.
@@ -7,12 +8,67 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.controls import Controls
 from orchestrator.cli.session_choices import SessionChoices
 
-__all__ = ["run_acp"]
+__all__ = ["run_acp", "run_rpc"]
+
+
+def _model_choice(
+    model: str | None, provider: str | None, settings: dict[str, Any]
+) -> tuple[str | None, str | None, dict[str, str]]:
+    """(model, api_base, client env): ``--provider NAME --model ID`` from models.json, else
+    ``--model`` with this shell's values of the variables resolving it may read."""
+    import os
+
+    from orchestrator.cli.client_config import load_client_config
+    from orchestrator.errors import UserError
+    from orchestrator.model_names import client_env_names
+    from orchestrator.paths import Paths
+
+    if provider is not None:
+        if model is None:
+            raise UserError("--provider needs --model ID (a model of that provider)")
+        from orchestrator.cli.coding_agent_models import resolve_provider_model
+
+        chosen = resolve_provider_model(provider, model)
+        if chosen.api_key_env is not None:
+            settings["model"] = {"api_key_env": chosen.api_key_env}
+        return chosen.model, chosen.api_base, dict(chosen.client_env)
+    config = load_client_config(Paths.from_env().config_file)
+    names = client_env_names(model, config.default_model, config.models)
+    return model, None, {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
+
+
+def run_rpc(
+    *,
+    cwd: Path | None,
+    model: str | None,
+    api_base: str | None,
+    provider: str | None,
+    daemon_socket: str | None,
+    choices: SessionChoices,
+) -> int:
+    from orchestrator.cli.rpc_mode import RpcOptions, serve_rpc
+    from orchestrator.errors import UserError
+
+    workdir = (cwd or Path.cwd()).expanduser()
+    if not workdir.is_dir():
+        raise UserError(f"--cwd {workdir} is not a directory")
+    settings: dict[str, Any] = dict(choices.fields())
+    model, chosen_base, client_env = _model_choice(model, provider, settings)
+    options = RpcOptions(
+        cwd=str(workdir.resolve()),
+        model=model,
+        api_base=chosen_base or api_base,
+        socket_path=daemon_socket,
+        settings=settings or None,
+        client_env=client_env,
+    )
+    return serve_rpc(options)
 
 
 def run_acp(
@@ -26,30 +82,11 @@ def run_acp(
     choices: SessionChoices,
     controls: Controls,
 ) -> int:
-    import os
-
     from orchestrator.cli.acp_mode import AcpOptions, serve
-    from orchestrator.cli.client_config import load_client_config
-    from orchestrator.errors import UserError
-    from orchestrator.model_names import client_env_names
-    from orchestrator.paths import Paths
 
     settings: dict[str, Any] = dict(choices.fields())
-    client_env: dict[str, str] = {}
-    if provider is not None:
-        if model is None:
-            raise UserError("--provider needs --model ID (a model of that provider)")
-        from orchestrator.cli.coding_agent_models import resolve_provider_model
-
-        chosen = resolve_provider_model(provider, model)
-        model, api_base = chosen.model, chosen.api_base
-        client_env.update(chosen.client_env)
-        if chosen.api_key_env is not None:
-            settings["model"] = {"api_key_env": chosen.api_key_env}
-    else:
-        config = load_client_config(Paths.from_env().config_file)
-        names = client_env_names(model, config.default_model, config.models)
-        client_env.update({n: os.environ[n] for n in sorted(names) if os.environ.get(n)})
+    model, chosen_base, client_env = _model_choice(model, provider, settings)
+    api_base = chosen_base or api_base
     if skills:
         print(
             "prime-agent: note: --skill is accepted but skills come from the harness's skill "

@@ -30,8 +30,8 @@ def run(
         Mode,
         typer.Option(
             "--mode",
-            help="text, json (every event as a line), or acp (an Agent Client Protocol agent "
-            "on stdio).",
+            help="text, json (every event as a line), acp (an Agent Client Protocol agent "
+            "on stdio) or rpc (Prime Agent's JSONL RPC protocol on stdio).",
         ),
     ] = Mode.text,
     resume: Annotated[
@@ -172,6 +172,26 @@ def run(
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
+    if mode is Mode.rpc:  # stdin is the protocol's: read nothing from it here
+        from orchestrator.cli.acp_run import run_rpc
+
+        rpc_choices = guarded(
+            lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
+            debug=debug,
+        )
+        raise SystemExit(
+            guarded(
+                lambda: run_rpc(
+                    cwd=cwd,
+                    model=model,
+                    api_base=api_base,
+                    provider=provider,
+                    daemon_socket=daemon_socket,
+                    choices=rpc_choices,
+                ),
+                debug=debug,
+            )
+        )
     if mode is Mode.acp:  # stdin is the protocol's: read nothing from it here
         from orchestrator.cli.acp_run import run_acp
 

@@ -12,6 +12,7 @@ class Mode(StrEnum):
     text = "text"
     json = "json"
     acp = "acp"  # an Agent Client Protocol agent on stdio (cli/acp_mode.py)
+    rpc = "rpc"  # Prime Agent's JSONL RPC protocol on stdio (cli/rpc_mode.py)
 
 
 # The modes the lean pre-dispatch runs itself (the others go to typer).

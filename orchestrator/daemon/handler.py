@@ -67,6 +67,7 @@ from orchestrator.api.protocol import (
     ScheduleList,
     SendMessage,
     SetModel,
+    SetSessionName,
     Shutdown,
     SweepAddCells,
     SweepCancel,
@@ -413,6 +414,8 @@ class DaemonHandler(CommandHandler):
                 return await control_commands.autonomous(self.daemon, rec, command)
             case WaitQuiet():
                 return await self._wait_quiet(command.session, command.timeout_s, command.release)
+            case SetSessionName():
+                return await self._set_session_name(command)
             case RunCheck():
                 return await self._run_check(command)
             case RecordEvalResult():
@@ -495,6 +498,17 @@ class DaemonHandler(CommandHandler):
             # exits on it. Loading the session again waits for them (Orchestrator.unload).
             await orch.unload(live, stop_later=True)
         return result
+
+    async def _set_session_name(self, command: SetSessionName) -> JsonObject:
+        name = command.name.strip()
+        if not name:
+            raise ApiCommandError(E_INVALID_ARGUMENT, "a session name must not be blank")
+        rec = await self._record(command.session)
+        updated = await self.daemon.store.update_session(rec.id, name=name)
+        live = self.daemon.orch.loaded(rec.id)
+        if live is not None:
+            live.record = updated
+        return {"session": rec.id, "name": name}
 
     async def _run_check(self, command: RunCheck) -> JsonObject:
         """A command in a quiet session's sandbox (a sweep's verifier); never while its tree

@@ -46,6 +46,7 @@ __all__ = [
     "STOP_REASONS",
     "export_session_jsonl",
     "jsonl_entry",
+    "pi_message",
 ]
 
 JSONL_VERSION = 3
@@ -163,16 +164,20 @@ def _user_extras(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _message(event: EventRecord) -> dict[str, Any] | None:
-    p = event.payload
-    ts_ms = _ms(event.ts)
-    if event.type == "user_message":
+    return pi_message(event.type, event.payload, _ms(event.ts))
+
+
+def pi_message(kind: str, p: dict[str, Any], ts_ms: int) -> dict[str, Any] | None:
+    """The pi ``AgentMessage`` of a user message, assistant message or tool result (None for
+    any other event): what a session file's message entries and RPC mode's events carry."""
+    if kind == "user_message":
         return {
             "role": "user",
             "content": [_text_block(p["text"])],
             "timestamp": ts_ms,
             **_user_extras(p),
         }
-    if event.type == "assistant_message":
+    if kind == "assistant_message":
         content: list[dict[str, Any]] = []
         if p.get("text"):
             content.append(_text_block(p["text"]))
@@ -196,7 +201,7 @@ def _message(event: EventRecord) -> dict[str, Any] | None:
             "timestamp": ts_ms,
             **({PRIME_AGENT_KEY: {"fenced": True}} if p.get("fenced") else {}),
         }
-    if event.type == "tool_result":
+    if kind == "tool_result":
         return {
             "role": "toolResult",
             "toolCallId": p["tool_call_id"],

@@ -59,6 +59,7 @@ EXAMPLE_COMMANDS: list[dict[str, Any]] = [
     {"type": "send_message", "command_id": "9", "session": "s-x", "text": "yo"},
     {"type": "get_usage", "command_id": "10", "tree": True},
     {"type": "wait_quiet", "command_id": "12", "session": "s-x", "timeout_s": 5, "release": True},
+    {"type": "set_session_name", "command_id": "12d", "session": "s-x", "name": "work"},
     {
         "type": "run_check",
         "command_id": "12c",
@@ -197,6 +198,7 @@ def test_mutating_set() -> None:
     expected |= {"harness_accept", "harness_reject"}
     expected |= {"schedule_add", "schedule_cancel", "heartbeat", "goal"}
     expected |= {"sandbox_control", "autonomous", "record_eval_result", "run_check"}
+    expected |= {"set_session_name"}
     expected |= {"sweep_trial_start", "sweep_trial_finish", "sweep_cancel", "sweep_close"}
     assert expected == MUTATING_COMMAND_TYPES
 

@@ -1,0 +1,174 @@
+"""``prime-agent --mode rpc`` driven command by command as a third-party client of Prime
+Agent's RPC mode drives it: a real process on stdio, a real daemon, the scripted model over
+HTTP (issue 20, docs/rpc.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.testing import FakeModelServer
+from tests.helpers import stop_daemons, write_config
+
+TURN_TIMEOUT_S = 120.0
+SCRIPT = """
+repeat forever:
+    when "compute":
+        code: print(6 * 7)
+    when "42":
+        text: The answer is 42.
+    when "slowly":
+        slow 60
+        text: too late
+    else: text: noted
+"""
+
+
+class _Client:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, Any]] = []
+        self._next = 0
+
+    async def send(self, command: dict[str, Any] | bytes) -> None:
+        raw = command if isinstance(command, bytes) else json.dumps(command).encode() + b"\n"
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(raw)
+        await self.proc.stdin.drain()
+
+    async def read_until(self, predicate: Any) -> dict[str, Any]:
+        """Lines up to (and including) the first that ``predicate`` accepts; that line."""
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(TURN_TIMEOUT_S):
+            while True:
+                while self._next < len(self.lines):
+                    line = self.lines[self._next]
+                    self._next += 1
+                    if predicate(line):
+                        return line
+                raw = await self.proc.stdout.readline()
+                assert raw, "the agent closed stdout"
+                self.lines.append(json.loads(raw))
+
+    async def call(self, command: dict[str, Any]) -> dict[str, Any]:
+        await self.send(command)
+        kind = command["type"]
+        return await self.read_until(lambda x: x.get("type") == "response" and x["command"] == kind)
+
+
+@pytest.fixture
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
+    write_config("retry_base_delay_s = 0.01\nmodel_max_retries = 1\n")
+    with FakeModelServer(SCRIPT) as srv:
+        yield srv
+        stop_daemons(os.environ["XDG_RUNTIME_DIR"])
+
+
+@asynccontextmanager
+async def _rpc(model: FakeModelServer, cwd: Path) -> AsyncIterator[_Client]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrator", "--mode", "rpc", "--model", "openai/fake",
+        "--api-base", model.url,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        cwd=cwd, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+        yield _Client(proc)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        async with asyncio.timeout(TURN_TIMEOUT_S):
+            assert await proc.wait() == 0
+
+
+async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_path: Path) -> None:
+    async with _rpc(model, tmp_path) as rpc:
+        state = await rpc.call({"type": "get_state"})
+        assert state["success"] and state["data"]["isStreaming"] is False
+        first_session = state["data"]["sessionId"]
+        answer = await rpc.call({"id": "req-1", "type": "prompt", "message": "compute"})
+        assert (answer["id"], answer["success"]) == ("req-1", True)
+        end = await rpc.read_until(lambda x: x["type"] == "agent_end")
+        events = [x["type"] for x in rpc.lines if x["type"] != "response"]
+        assert events == [
+            "agent_start",
+            "turn_start",
+            "message_start", "message_end",  # the user's
+            "message_start", "message_end",  # the assistant's cell
+            "tool_execution_start",
+            "message_start", "message_end",  # the tool result
+            "tool_execution_end",
+            "turn_end",
+            "turn_start",
+            "message_start", "message_end",  # the answer
+            "turn_end",
+            "agent_end",
+        ]  # fmt: skip
+        assert [m["role"] for m in end["messages"]] == [
+            "user",
+            "assistant",
+            "toolResult",
+            "assistant",
+        ]
+        start = next(x for x in rpc.lines if x["type"] == "tool_execution_start")
+        assert (start["toolName"], start["args"]) == ("ipython", {"code": "print(6 * 7)"})
+        done = next(x for x in rpc.lines if x["type"] == "tool_execution_end")
+        assert done["result"]["content"][0]["text"].strip() == "42" and done["isError"] is False
+        text = await rpc.call({"type": "get_last_assistant_text"})
+        assert text["data"] == {"text": "The answer is 42."}
+        messages = (await rpc.call({"type": "get_messages"}))["data"]["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "assistant"]
+        stats = (await rpc.call({"type": "get_session_stats"}))["data"]
+        assert (stats["assistantMessages"], stats["toolCalls"], stats["toolResults"]) == (2, 1, 1)
+        assert stats["tokens"]["total"] > 0
+        assert (await rpc.call({"type": "set_session_name", "name": "rpc-work"}))["success"]
+        assert (await rpc.call({"type": "get_state"}))["data"]["sessionName"] == "rpc-work"
+        unknown = await rpc.call({"type": "frobnicate"})
+        assert unknown["success"] is False and "Unknown command" in unknown["error"]
+        # clone: a new session with the same messages; new_session: an empty one.
+        assert (await rpc.call({"type": "clone"}))["data"] == {"cancelled": False}
+        cloned = (await rpc.call({"type": "get_state"}))["data"]
+        assert cloned["sessionId"] != first_session and cloned["messageCount"] == 4
+        assert (await rpc.call({"type": "new_session"}))["data"] == {"cancelled": False}
+        fresh = (await rpc.call({"type": "get_state"}))["data"]
+        assert fresh["sessionId"] not in (first_session, cloned["sessionId"])
+        assert fresh["messageCount"] == 0
+
+
+async def test_framing_is_lf_only_and_a_busy_agent_needs_a_streaming_behaviour(
+    model: FakeModelServer, tmp_path: Path
+) -> None:
+    async with _rpc(model, tmp_path) as rpc:
+        # CRLF accepted; U+2028 raw inside a JSON string is part of the string, not a break.
+        raw = '{"type":"prompt","message":"one\u2028two"}\r\n'.encode()
+        await rpc.send(raw)
+        answer = await rpc.read_until(lambda x: x.get("type") == "response")
+        assert answer["success"], answer
+        user = await rpc.read_until(lambda x: x["type"] == "message_end")
+        assert user["message"]["content"][0]["text"] == "one\u2028two"
+        await rpc.read_until(lambda x: x["type"] == "agent_end")
+        bad = await rpc.call({"type": "prompt"})
+        assert bad["success"] is False
+        await rpc.send(b"{not json\n")
+        parse = await rpc.read_until(lambda x: x.get("type") == "response")
+        assert parse["success"] is False and "invalid JSON" in parse["error"]
+        # While a run goes, a prompt must say how to queue; steer and abort work.
+        assert (await rpc.call({"type": "prompt", "message": "answer slowly"}))["success"]
+        await rpc.read_until(lambda x: x["type"] == "agent_start")
+        busy = await rpc.call({"type": "prompt", "message": "again"})
+        assert busy["success"] is False and "streamingBehavior" in busy["error"]
+        queued = await rpc.call(
+            {"type": "prompt", "message": "later", "streamingBehavior": "followUp"}
+        )
+        assert queued["success"]
+        assert (await rpc.call({"type": "abort"}))["success"]
+        await rpc.read_until(lambda x: x["type"] == "agent_end")
