@@ -34,7 +34,7 @@ from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.session_target import SessionTarget
 from orchestrator.settings import Settings
 from orchestrator.store.autonomy import AutonomyRow
-from orchestrator.store.db import Store
+from orchestrator.store.db import SessionRecord, Store
 
 __all__ = ["CommandContext", "SessionControl"]
 
@@ -75,6 +75,10 @@ class SessionControl(Protocol):
     async def unload(self, live: LiveSession, *, stop_later: bool = False) -> None:
         """Take a quiet session and its loaded descendants out of memory (``stop_later``:
         without waiting for their sandboxes to stop)."""
+        ...
+
+    async def rename(self, session_id: str, name: str) -> SessionRecord:
+        """Give a session (loaded or not) its display name; its row as it is now."""
         ...
 
     # -- input --------------------------------------------------------------------------------

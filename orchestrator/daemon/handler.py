@@ -504,10 +504,7 @@ class DaemonHandler(CommandHandler):
         if not name:
             raise ApiCommandError(E_INVALID_ARGUMENT, "a session name must not be blank")
         rec = await self._record(command.session)
-        updated = await self.daemon.store.update_session(rec.id, name=name)
-        live = self.daemon.orch.loaded(rec.id)
-        if live is not None:
-            live.record = updated
+        await self.daemon.orch.rename(rec.id, name)
         return {"session": rec.id, "name": name}
 
     async def _run_check(self, command: RunCheck) -> JsonObject:

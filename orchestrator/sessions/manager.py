@@ -904,6 +904,14 @@ class Orchestrator:
                 f"(still busy: {', '.join(busy[:5])})"
             ) from None
 
+    async def rename(self, session_id: str, name: str) -> SessionRecord:
+        """Give a session (loaded or not) its display name; its row as it is now."""
+        updated = await self.store.update_session(session_id, name=name)
+        live = self.sessions.get(session_id)
+        if live is not None:
+            live.record = updated
+        return updated
+
     async def unload(self, live: LiveSession, *, stop_later: bool = False) -> None:
         """Take a quiet session and its loaded descendants out of memory (docs/spec.md §4).
 
