@@ -21,7 +21,7 @@ from tui.screen_host import ScreenHost, host_of
 __all__ = ["CELL_GROUPS", "REFRESH_S", "SweepScreen", "SweepsScreen", "eta_text", "progress_line"]
 
 REFRESH_S: Final = 2.0
-CELL_GROUPS: Final = ("running", "pending", "errored", "scored")
+CELL_GROUPS: Final = ("running", "pending", "errored", "unrunnable", "scored")
 _SECONDS_PER_MINUTE: Final = 60
 _SECONDS_PER_HOUR: Final = 3600
 _BAR_CELLS: Final = 20

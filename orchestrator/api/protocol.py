@@ -694,6 +694,10 @@ class SweepCellSpec(_ClientModel):
     variant: Token
     seed: int
     context_tokens: int | None = Field(default=None, ge=0)
+    # Why this machine cannot run the cell (a GPU task without a GPU runtime, an image that is
+    # not here): the cell is marked ``unrunnable`` with the reason instead of being run; a cell
+    # given without one that was ``unrunnable`` becomes ``pending`` again.
+    unrunnable: str | None = Field(default=None, min_length=1, max_length=MAX_ERROR_CHARS)
 
 
 class SweepAddCells(_Command):

@@ -13,6 +13,12 @@ A trial that ends — answered, out of tokens, out of time — is ``scored`` (a 
 what it answered); one that could not run — the model's endpoint failed, the sandbox died — is
 ``errored`` and runs again next time. Once the sweep's cost or token budget is spent, no new
 trial starts and the sweep ends ``budget``.
+
+Before any trial, each cell's task is checked against this machine (``sweeps/runnable.py``): a
+cell that needs a GPU the sandboxes cannot have, or an image that is not here, or whose Harbor
+environment cannot be made here, is not started. It is recorded ``unrunnable`` with the reason
+(``sweep status --json`` shows it), one line per reason says how many cells and names a task,
+and the sweep ends ``incomplete``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ if TYPE_CHECKING:
     from orchestrator.settings import Settings
     from orchestrator.sweeps.grid import Cell
     from orchestrator.sweeps.harbor_env import Environment
+    from orchestrator.sweeps.runnable import Machine
     from orchestrator.sweeps.spec import SweepFile
     from orchestrator.sweeps.trial import TrialInput
 
@@ -73,6 +80,8 @@ SWEEP_EXIT_CODES: Final = {
     "cancelled": EXIT_ABORTED,
 }
 WALL_TIME_STOP: Final = "wall_time"  # a trial stopped at the sweep's trial_wall_s
+# Cell states this run starts no trial for: done, or not possible on this machine.
+_NOT_TO_RUN: Final = frozenset({"scored", "unrunnable"})
 # wait_quiet reasons that mean the trial could not run (it is rerun next time).
 _ERRORED_REASONS: Final = frozenset({"error"})
 
@@ -86,6 +95,7 @@ class SweepProgress:
     done: int = 0
     failed: int = 0
     running: int = 0
+    held: int = 0  # cells this machine cannot run (not started)
     cost_usd: float = 0.0
     tokens: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -94,14 +104,16 @@ class SweepProgress:
     _tty: bool = field(default_factory=lambda: sys.stderr.isatty())
 
     def line(self) -> str:
-        left = self.total - self.done
+        left = self.total - self.done - self.held
         eta = ""
         if self.finished_here and left:
             per_cell = (time.monotonic() - self.started) / self.finished_here
             eta = f" · ETA {_duration(per_cell * left / max(1, self.running or 1))}"
         return (
             f"sweep {self.name}: {self.done}/{self.total} done · {self.running} running · "
-            f"{self.failed} failed · ${self.cost_usd:.4f}{eta}"
+            f"{self.failed} failed · "
+            + (f"{self.held} cannot run here · " if self.held else "")
+            + f"${self.cost_usd:.4f}{eta}"
         )
 
     def show(self, *, final: bool = False) -> None:
@@ -176,7 +188,7 @@ def _client_env(cell: Cell, settings: Settings) -> dict[str, str]:
     return {name: os.environ[name] for name in sorted(names) if os.environ.get(name)}
 
 
-async def _open(run: _Run, cells: list[Cell]) -> list[dict[str, Any]]:
+async def _open(run: _Run, cells: list[Cell], unrunnable: dict[str, str]) -> list[dict[str, Any]]:
     from orchestrator.sweeps.grid import HARNESS_VERSION
 
     spec = run.spec
@@ -196,12 +208,30 @@ async def _open(run: _Run, cells: list[Cell]) -> list[dict[str, Any]]:
             "abandoned; their cells run again",
             file=sys.stderr,
         )
+    return await _add_cells(run, cells, unrunnable)
+
+
+async def _add_cells(
+    run: _Run, cells: list[Cell], unrunnable: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Add the cells (the new ones; each with why this machine cannot run it, if it cannot:
+    the daemon marks it ``unrunnable``); their rows."""
     rows: list[dict[str, Any]] = []
     for start in range(0, len(cells), SWEEP_CELLS_PER_CALL):
-        batch = [c.row() for c in cells[start : start + SWEEP_CELLS_PER_CALL]]
-        added = await run.link.call("sweep_add_cells", name=spec.name, cells=batch)
+        batch = [
+            _cell_row(c, unrunnable.get(c.fingerprint))
+            for c in cells[start : start + SWEEP_CELLS_PER_CALL]
+        ]
+        added = await run.link.call("sweep_add_cells", name=run.spec.name, cells=batch)
         rows.extend(added["cells"])
     return rows
+
+
+def _cell_row(cell: Cell, unrunnable: str | None) -> dict[str, Any]:
+    row = cell.row()
+    if unrunnable:
+        row["unrunnable"] = unrunnable[:MAX_ERROR_CHARS]
+    return row
 
 
 class _SweepStopped(Exception):
@@ -312,15 +342,20 @@ def _trial_limit(spec: SweepFile, cell: Cell) -> float:
 
 
 async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any] | None:
-    from orchestrator.sweeps.scoring import score
+    from orchestrator.sweeps.scoring import read_timed_result, score
     from orchestrator.sweeps.suites.harbor import harbor_spec
 
     link, spec = run.link, run.spec
     verified_task = harbor_spec(cell.task) is not None
     cwd, sandbox = await asyncio.to_thread(_prepare_workspace, run, cell, given)
+    if cell.task.image is not None:  # the image the task names (a Harbor task's: its own)
+        sandbox.setdefault("image", cell.task.image)
     autonomous: dict[str, Any] | None = None
     if cell.task.gates:  # a gated task runs in autonomous mode until its gates pass
         autonomous = {"gates": list(cell.task.gates)}
+        gate_timeout = cell.task.params.get("gate_timeout_s")
+        if gate_timeout is not None:  # a timed gate that trains or benchmarks takes longer
+            autonomous["gate_timeout_s"] = float(gate_timeout)
         if spec.budgets.trial_turns is not None:
             autonomous["max_turns"] = spec.budgets.trial_turns
     created = await link.mutate(
@@ -369,6 +404,8 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
     error_class = "aborted" if interrupted else str(quiet.get("error_class") or "error")
     error = str(quiet.get("error")) if quiet.get("error") else None
     reward: float | None = None
+    # A timed task's gate left what it measured in the workspace (sweeps/scoring.py).
+    timed = read_timed_result(cwd) if cell.task.scoring == "timed" else None
     if verified_task:
         if errored:  # nothing to verify: let the tree's sandboxes go
             with contextlib.suppress(UserError, TimeoutError):
@@ -381,7 +418,7 @@ async def _run_trial(run: _Run, cell: Cell, given: TrialInput) -> dict[str, Any]
     fields: dict[str, Any] = {
         "trial": trial,
         "state": "errored" if errored else "scored",
-        "score": None if errored else score(cell.task, answer, reason, reward),
+        "score": None if errored else score(cell.task, answer, reason, reward, timed=timed),
         "answer": answer[:MAX_ANSWER_CHARS] or None,
         "stop_reason": reason[:MAX_ID_CHARS],
         "error_class": error_class if errored else None,
@@ -426,21 +463,6 @@ async def _prepare_environments(run: _Run, cells: list[Cell]) -> dict[str, str]:
     return {c.fingerprint: problems[c.task.id] for c in cells if c.task.id in problems}
 
 
-def _report_unrunnable(name: str, cells: list[Cell], unrunnable: dict[str, str]) -> None:
-    """One line per reason: how many cells, and one task it stops."""
-    by_reason: dict[str, list[Cell]] = {}
-    for cell in cells:
-        if cell.fingerprint in unrunnable:
-            by_reason.setdefault(unrunnable[cell.fingerprint], []).append(cell)
-    for reason, stopped in by_reason.items():
-        tasks = sorted({c.task.id for c in stopped})
-        more = f" (and {len(tasks) - 1} more task(s))" if len(tasks) > 1 else ""
-        print(
-            f"sweep {name}: {len(stopped)} cell(s) cannot run here: {tasks[0]}{more}: {reason}",
-            file=sys.stderr,
-        )
-
-
 def check_models(spec: SweepFile, settings: Settings) -> None:
     """Refuse, before anything runs, a sweep with a model no trial could call: an unknown
     provider or name, or a key that is not set in this shell (``UserError``, one line)."""
@@ -466,11 +488,20 @@ async def run_sweep(
     data_dir: Path,
     *,
     link_factory: Callable[[], DaemonLink],
+    machine: Machine | None = None,
 ) -> int:
-    """Run ``spec``'s unscored cells; the exit code of the sweep's end (``SWEEP_EXIT_CODES``)."""
+    """Run ``spec``'s unscored cells; the exit code of the sweep's end (``SWEEP_EXIT_CODES``).
+    ``machine``: what this machine can give a trial (default: asked of the engine)."""
+    from orchestrator.daemon.backends import BACKEND_ENV
     from orchestrator.sweeps.grid import expand
+    from orchestrator.sweeps.runnable import Machine, cannot_run, report_lines, unrunnable
 
     cells = expand(spec)
+    if machine is None:
+        backend = spec.backend or os.environ.get(BACKEND_ENV)
+        machine = Machine(settings, backend=backend)
+    checked = machine
+    reasons = await asyncio.to_thread(unrunnable, cells, lambda t: cannot_run(t, checked))
     async with link_factory() as link:
         progress = SweepProgress(spec.name, total=len(cells))
         run = _Run(
@@ -482,15 +513,23 @@ async def run_sweep(
             slots=asyncio.Semaphore(spec.concurrency.in_flight),
             stop=asyncio.Event(),
         )
-        rows = await _open(run, cells)
+        rows = await _open(run, cells, reasons)
         states = {row["fingerprint"]: row for row in rows}
-        todo = [c for c in cells if states[c.fingerprint]["state"] != "scored"]
-        progress.done = len(cells) - len(todo)
+        held = {f: why for f, why in reasons.items() if states[f]["state"] == "unrunnable"}
+        todo = [c for c in cells if states[c.fingerprint]["state"] not in _NOT_TO_RUN]
+        # Harbor tasks' environments are built now (heavy: only for cells still to run); one
+        # that cannot be made here holds its cells like any other reason.
+        not_made = await _prepare_environments(run, todo)
+        if not_made:
+            await _add_cells(run, [c for c in todo if c.fingerprint in not_made], not_made)
+            held.update(not_made)
+            todo = [c for c in todo if c.fingerprint not in not_made]
+        for line in report_lines(spec.name, cells, held):
+            print(line, file=sys.stderr)
+        progress.done = sum(1 for c in cells if states[c.fingerprint]["state"] == "scored")
+        progress.held = len(held)
         progress.cost_usd = sum(float(r.get("cost_usd") or 0) for r in rows)
         progress.tokens = sum(int(r.get("tokens") or 0) for r in rows)
-        unrunnable = await _prepare_environments(run, todo)
-        _report_unrunnable(spec.name, todo, unrunnable)
-        todo = [c for c in todo if c.fingerprint not in unrunnable]
         progress.show()
         tasks = [asyncio.ensure_future(_trial(run, cell)) for cell in todo]
         try:

@@ -56,13 +56,14 @@ SELECT state, count(*), coalesce(sum(cost_usd), 0), coalesce(sum(tokens), 0),
 FROM sweep_cells WHERE sweep = $1 GROUP BY state
 """
 _UNFINISHED: Final = ("pending", "running")
+_FINISHED: Final = ("scored", "errored")  # an unrunnable cell neither ran nor waits to
 
 
 def _summary(row: tables.SweepRow, totals: list[Any]) -> JsonObject:
     """A sweep's row with its counts, cost, tokens and an ETA: the unfinished cells times the
     mean wall time of the finished ones, over the trials the sweep runs at once."""
     counts = {str(state): int(n) for state, n, *_ in totals}
-    finished = sum(n for state, n in counts.items() if state not in _UNFINISHED)
+    finished = sum(n for state, n in counts.items() if state in _FINISHED)
     left = sum(counts.get(state, 0) for state in _UNFINISHED)
     wall = sum(float(w) for *_, w in totals)
     concurrency = row.spec.get("concurrency") or {}

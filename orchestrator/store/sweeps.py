@@ -7,7 +7,10 @@ Invariants, kept by the functions here (each runs inside one store transaction):
 - a trial left ``running`` when its sweep is opened again belonged to a runner that died: it
   becomes ``abandoned`` and never counts, and its cell goes back to ``pending``;
 - cells are only ever added: running a changed sweep file adds the cells whose fingerprints
-  are new and leaves the old rows as they were (``sweep status`` shows the file's cells).
+  are new and leaves the old rows as they were (``sweep status`` shows the file's cells);
+- a cell this machine cannot run (the runner says why when it adds the cells) is
+  ``unrunnable`` with the reason as its stop reason and error class ``cannot_run``, unless it
+  is scored or running; added again without a reason, it is ``pending`` again.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from orchestrator.ids import new_event_id
 from orchestrator.store.queries import from_db_ts, to_db_ts
 
 __all__ = [
+    "CANNOT_RUN",
     "CELL_STATES",
     "FINISHED_TRIAL_STATES",
     "SWEEP_STATES",
     "TRIAL_ID_PREFIX",
+    "UNRUNNABLE",
     "CellRow",
     "SweepNotRunning",
     "SweepRow",
@@ -46,7 +51,9 @@ __all__ = [
 ]
 
 SWEEP_STATES: Final = ("running", "done", "incomplete", "cancelled", "budget")
-CELL_STATES: Final = ("pending", "running", "scored", "errored")
+CELL_STATES: Final = ("pending", "running", "scored", "errored", "unrunnable")
+UNRUNNABLE: Final = "unrunnable"
+CANNOT_RUN: Final = "cannot_run"  # an unrunnable cell's error class
 FINISHED_TRIAL_STATES: Final = ("scored", "errored")
 TRIAL_ID_PREFIX: Final = "t-"
 
@@ -243,9 +250,34 @@ def open_cells(
                 for i, c in enumerate(new)
             ],
         )
+    _mark_unrunnable(con, name, cells, now)
     wanted = [c["fingerprint"] for c in cells]
     by_print = {row.fingerprint: row for row in select_cells(con, name, wanted)}
     return len(new), [by_print[f] for f in wanted]
+
+
+def _mark_unrunnable(
+    con: duckdb.DuckDBPyConnection, name: str, cells: Sequence[dict[str, Any]], now: datetime
+) -> None:
+    """Mark the cells given with a reason ``unrunnable`` (not a scored or running one), and
+    put the ``unrunnable`` ones given without a reason back to ``pending``."""
+    ts = to_db_ts(now)
+    marked = [[name, c["fingerprint"], c["unrunnable"], ts] for c in cells if c.get("unrunnable")]
+    if marked:
+        con.executemany(
+            f"UPDATE sweep_cells SET state = '{UNRUNNABLE}', stop_reason = $3, "
+            f"error_class = '{CANNOT_RUN}', updated_at = $4 WHERE sweep = $1 AND "
+            f"fingerprint = $2 AND state IN ('pending', 'errored', '{UNRUNNABLE}')",
+            marked,
+        )
+    runnable = [c["fingerprint"] for c in cells if not c.get("unrunnable")]
+    if runnable:
+        con.execute(
+            "UPDATE sweep_cells SET state = 'pending', stop_reason = NULL, error_class = NULL, "
+            f"updated_at = $3 WHERE sweep = $1 AND state = '{UNRUNNABLE}' "
+            "AND list_contains($2, fingerprint)",
+            [name, runnable, ts],
+        )
 
 
 def trial_session(con: duckdb.DuckDBPyConnection, trial_id: str) -> str:

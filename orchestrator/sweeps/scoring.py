@@ -9,18 +9,27 @@
 - ``gate``: 1 when the trial's autonomous run stopped with every gate passed in the sandbox;
 - ``verifier``: the reward a Harbor task's verifier wrote (``tests/test.sh`` in the sandbox
   after the agent's turn), clamped to [0, 1];
+- ``timed``: gated like ``gate``, and then by time: the gate measured ``seconds`` (a kernel's
+  time, a training run's wall time) against its ``reference_s`` (the naive kernel timed in the
+  same check; the task's reference run time) and wrote both to the workspace
+  (``TimedResult``); the score is ``reference / (reference + seconds)``: 0.5 at the
+  reference's speed, 0.8 four times faster, never 1, and 0 when the gate did not pass;
 - ``pairs_f1``: F1 of the pairs the answer lists (``(a, b)``, order within a pair ignored)
   against the expected pairs.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.sweeps.tasks import Task
 
-__all__ = ["NUMERIC_BASE", "score"]
+__all__ = ["NUMERIC_BASE", "TIMED_RESULT_FILE", "TimedResult", "read_timed_result", "score"]
 
 NUMERIC_BASE: Final = 0.75
 GATE_PASSED: Final = "gate_passed"  # the autonomous stop reason when every gate passed
@@ -28,6 +37,36 @@ _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR_RE: Final = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
 _STRIP: Final = " \t\n.,;:!?\"'`*_()[]"
 _ANSWER_PREFIX_RE: Final = re.compile(r"^(?:final\s+)?answer\s*[:\-]\s*", re.IGNORECASE)
+# Where a timed task's gate writes what it measured, relative to the trial's workspace. The
+# gate runs after the agent's last turn (autonomous mode stops once it passes), so the file a
+# passed trial leaves is the gate's own.
+TIMED_RESULT_FILE: Final = ".prime-agent-timed.json"
+
+
+@dataclass(frozen=True)
+class TimedResult:
+    """What a timed task's gate measured: ``seconds`` against ``reference_s``."""
+
+    seconds: float
+    reference_s: float
+
+    @property
+    def score(self) -> float:
+        return self.reference_s / (self.reference_s + self.seconds)
+
+
+def read_timed_result(workspace: Path) -> TimedResult | None:
+    """The gate's measurement in ``workspace``; None when it is missing or malformed."""
+    try:
+        data = json.loads((workspace / TIMED_RESULT_FILE).read_text(encoding="utf-8"))
+        seconds, reference = float(data["seconds"]), float(data["reference_s"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not (math.isfinite(seconds) and math.isfinite(reference)):
+        return None
+    if seconds < 0 or reference <= 0:
+        return None
+    return TimedResult(seconds, reference)
 
 
 def _normal(text: str) -> str:
@@ -71,15 +110,23 @@ def _pairs_f1(answer: str, expected: list[Any]) -> float:
 
 
 def score(
-    task: Task, answer: str, stop_reason: str | None = None, reward: float | None = None
+    task: Task,
+    answer: str,
+    stop_reason: str | None = None,
+    reward: float | None = None,
+    *,
+    timed: TimedResult | None = None,
 ) -> float:
     """``answer``'s score; a gated task scores by how its run stopped (``stop_reason``), a
-    verified one by its verifier's ``reward``."""
+    verified one by its verifier's ``reward``, a timed one also by what its gate measured
+    (``timed``)."""
     match task.scoring:
         case "verifier":
             return min(1.0, max(0.0, reward)) if reward is not None else 0.0
         case "gate":
             return 1.0 if stop_reason == GATE_PASSED else 0.0
+        case "timed":
+            return timed.score if stop_reason == GATE_PASSED and timed is not None else 0.0
         case "contains":
             return _contains(answer, str(task.expected))
         case "numeric":

@@ -12,13 +12,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-__all__ = ["CHARS_PER_TOKEN", "Scoring", "Task"]
+__all__ = ["CHARS_PER_TOKEN", "Requirement", "Scoring", "Task"]
 
 # How suites size a context in tokens without a tokenizer: English prose runs about four
 # characters a token for the common BPE vocabularies.
 CHARS_PER_TOKEN: Final = 4
 
-Scoring = Literal["contains", "numeric", "exact", "pairs_f1", "gate", "verifier"]
+Scoring = Literal["contains", "numeric", "exact", "pairs_f1", "gate", "verifier", "timed"]
+# What a task may need of the machine besides a sandbox: "gpu" (docker with GPUs given to it),
+# "torch" (its image built with PyTorch: the cuda image's --torch).
+Requirement = Literal["gpu", "torch"]
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,14 @@ class Task:
     # Where the task's files lie (a Harbor task directory); not part of its content, so a
     # dataset moved elsewhere keeps its cells.
     source: str | None = None
+    # What the trial needs of this machine (a cell that cannot have it is not started here,
+    # cli/sweep_runner.py), and the sandbox image it runs in (None: the daemon's).
+    requires: tuple[Requirement, ...] = ()
+    image: str | None = None
 
     @property
     def content_hash(self) -> str:
-        body = {
+        body: dict[str, Any] = {
             "suite": self.suite,
             "id": self.id,
             "question": self.question,
@@ -49,6 +56,11 @@ class Task:
             "files": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in self.files.items()},
             "gates": list(self.gates),
         }
+        # Only when set: the tasks that need neither keep the fingerprints they had.
+        if self.requires:
+            body["requires"] = list(self.requires)
+        if self.image is not None:
+            body["image"] = self.image
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

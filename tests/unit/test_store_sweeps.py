@@ -141,3 +141,35 @@ async def test_a_cancelled_sweep_starts_no_trial_and_names_its_running_sessions(
         await store.transaction(lambda con: cancel_sweep(con, "nosuch", NOW))
     row = await store.read(lambda con: select_sweep(con, "s"))
     assert row is not None and row.spec == {"name": "s"}
+
+
+async def test_a_cell_this_machine_cannot_run_is_unrunnable_with_its_reason_until_it_can(
+    store: Store,
+) -> None:
+    why = "needs a GPU: no NVIDIA container runtime in this Docker Engine"
+    _, rows = await _open(store, [{**cell_spec(0), "unrunnable": why}, cell_spec(1)])
+    assert [(r.state, r.stop_reason, r.error_class) for r in rows] == [
+        ("unrunnable", why, "cannot_run"),
+        ("pending", None, None),
+    ]
+    # A machine that can run it: pending again, with no reason left over.
+    _, rows = await _open(store, [cell_spec(0)])
+    assert (rows[0].state, rows[0].stop_reason, rows[0].error_class) == ("pending", None, None)
+    # A scored cell stays scored whatever this machine lacks now.
+    trial = await store.transaction(
+        lambda con: start_trial(con, sweep="s", fingerprint="f1", session_id="s-1", now=NOW)
+    )
+    await store.transaction(
+        lambda con: finish_trial(
+            con,
+            trial_id=trial,
+            outcome=SCORED,
+            tokens_input=1,
+            tokens_output=1,
+            cost_usd=None,
+            cost_known=False,
+            now=NOW,
+        )
+    )
+    _, rows = await _open(store, [{**cell_spec(1), "unrunnable": why}])
+    assert (rows[0].state, rows[0].stop_reason) == ("scored", "completed")
