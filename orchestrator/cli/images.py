@@ -1,8 +1,11 @@
 """``prime-agent images build [session|rust|cuda|base-offline]``: build the session images
 offline, and ``prime-agent images list``: which are there.
 
-A cuda build whose CUDA base is neither local nor pullable is skipped: one line saying why,
-exit status 0 (nothing is wrong with the installation; docs/images.md)."""
+``images build cuda`` copies the toolkit of a CUDA base image when one is given (``--base``) or
+the default one is here; otherwise it builds offline from Debian's ``nvidia-cuda-toolkit``
+(``--base offline`` asks for that; ``--torch`` adds PyTorch from PyPI wheels). A given base that
+is neither local nor pullable skips the build: one line saying why, exit status 0 (nothing is
+wrong with the installation; docs/images.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Annotated
 import typer
 
 from orchestrator.cli.common import guarded
+from orchestrator.errors import UserError
 
 __all__ = ["ImageChoice", "images_app"]
 
@@ -32,8 +36,9 @@ class ImageChoice(StrEnum):
 
 @images_app.command(
     "build",
-    help="Build an image (default: session, on the offline base); cuda is skipped "
-    "with the reason when its base image is neither here nor pullable.",
+    help="Build an image (default: session, on the offline base). cuda: from a CUDA base "
+    "image when one is given or here, else offline from Debian's CUDA toolkit; a given base "
+    "that is neither here nor pullable is skipped with the reason.",
 )
 def build(
     kind: Annotated[ImageChoice, typer.Argument(help="session, rust, cuda or base-offline.")] = (
@@ -41,7 +46,19 @@ def build(
     ),
     base: Annotated[
         str | None,
-        typer.Option("--base", help="Base image (e.g. python:3.11-slim-bookworm, or a CUDA base)."),
+        typer.Option(
+            "--base",
+            help="Base image (e.g. python:3.11-slim-bookworm), or for cuda a CUDA base image "
+            "or 'offline' (Debian's toolkit).",
+        ),
+    ] = None,
+    torch: Annotated[
+        str | None,
+        typer.Option(
+            "--torch",
+            help="cuda, offline: add PyTorch from PyPI wheels; the pip requirement "
+            "(torch, or e.g. 'torch==2.5.1' for an older CUDA user space).",
+        ),
     ] = None,
     pull: Annotated[
         bool,
@@ -57,7 +74,15 @@ def build(
     def run() -> images.BuildResult:
         if kind is ImageChoice.base_offline:
             return images.build_base_offline(base or images.BASE_OFFLINE_TAG)
-        return images.build_image(kind.value, base=base, pull=pull, progress=progress)  # type: ignore[arg-type]
+        if torch is not None and kind is not ImageChoice.cuda:
+            raise UserError("--torch is for the cuda image")
+        return images.build_image(
+            kind.value,  # type: ignore[arg-type]
+            base=base,
+            pull=pull,
+            torch=torch,
+            progress=progress,
+        )
 
     result = guarded(run, debug=debug)
     timing = f" in {result.seconds:.0f} s" if result.built else ""

@@ -11,8 +11,12 @@ Layout (docs/images.md):
 - ``images/{session,rust,cuda}/Dockerfile``: the images. ``session`` takes ``BASE`` (any Python
   3.11 Debian-like image); ``rust`` builds on ``session`` and installs Debian's Rust toolchain
   with apt (the build container reaches the Debian mirror, not a container registry); ``cuda``
-  builds on ``session`` and copies the CUDA toolkit out of a CUDA base image, which must exist
-  locally or be pullable; otherwise the build is skipped with a one-line reason.
+  builds on ``session`` one of two ways (``cuda_plan``): with a CUDA base image (``--base``, or
+  ``CUDA_BASE_DEFAULT`` when it is here) it copies that image's toolkit (``Dockerfile``; a base
+  neither here nor pullable skips the build with a one-line reason), else offline
+  (``Dockerfile.offline``): Debian bookworm's non-free ``nvidia-cuda-toolkit`` (CUDA 11.8) with
+  apt, plus, with ``torch``, PyTorch and its CUDA user space from PyPI wheels gathered on the
+  host (``gather_torch_wheels``).
 
 Every image carries the label ``SOURCE_HASH_LABEL``: a hash of the files that run inside it
 (gateway_main, gateway_kernel, relay, proctree, runtime, the Dockerfiles). ``ensure_image``
@@ -42,17 +46,21 @@ from orchestrator.errors import SandboxError, UserError
 __all__ = [
     "BASE_OFFLINE_TAG",
     "CUDA_BASE_DEFAULT",
+    "CUDA_OFFLINE",
     "IMAGE_NAMES",
     "IMAGE_REQUIREMENTS",
     "SESSION_IMAGE",
     "SOURCE_HASH_LABEL",
+    "TORCH_LABEL",
     "BuildResult",
     "ImageKind",
     "build_base_offline",
     "build_image",
+    "cuda_plan",
     "docker_client",
     "ensure_image",
     "ensure_session_image",
+    "gather_torch_wheels",
     "gather_wheels",
     "image_exists",
     "image_label",
@@ -80,6 +88,17 @@ IMAGE_TAGS: dict[str, str] = {
     "cuda": "prime-agent/session-cuda:latest",
 }
 CUDA_BASE_DEFAULT = "nvidia/cuda:12.4.1-runtime-ubuntu22.04"
+# ``--base offline``: the cuda image from Debian's toolkit, never from a registry image.
+CUDA_OFFLINE = "offline"
+CUDA_OFFLINE_DOCKERFILE = IMAGES_DIR / "cuda" / "Dockerfile.offline"
+# PyTorch for the offline cuda image (``--torch``): its wheels and their CUDA user space
+# (nvidia-* wheels, triton) from PyPI, resolved for the image's Python like the session's.
+TORCH_REQUIREMENTS = ("torch", "numpy")
+TORCH_WHEELS_DIR = BUILD_DIR / "cuda-wheels"
+EMPTY_CONTEXT_DIR = BUILD_DIR / "empty-context"
+# Set on a cuda image built with PyTorch: the torch version (a sweep task that needs it
+# checks this, sweeps/runnable.py).
+TORCH_LABEL = "prime-agent.torch"
 # Build args naming the session image a variant builds FROM.
 SESSION_BUILD_ARG = "SESSION"
 BASE_BUILD_ARG = "BASE"
@@ -121,9 +140,11 @@ _HASHED_SOURCES = (
 
 
 def _variant_sources(kind: str) -> tuple[str, ...]:
-    """A variant runs the session image's sources plus its own Dockerfile."""
+    """A variant runs the session image's sources plus its own Dockerfile(s)."""
     if kind == "session":
         return _HASHED_SOURCES
+    if kind == "cuda":
+        return (*_HASHED_SOURCES, "images/cuda/Dockerfile", "images/cuda/Dockerfile.offline")
     return (*_HASHED_SOURCES, f"images/{kind}/Dockerfile")
 
 
@@ -318,17 +339,25 @@ def build_base_offline(tag: str = BASE_OFFLINE_TAG) -> BuildResult:
 
 
 def _docker_build(
-    kind: str, tag: str, build_args: dict[str, str], what: str, context: Path = WHEELS_DIR
+    kind: str,
+    tag: str,
+    build_args: dict[str, str],
+    what: str,
+    context: Path = WHEELS_DIR,
+    *,
+    dockerfile: Path | None = None,
+    labels: dict[str, str] | None = None,
 ) -> None:
     if shutil.which("docker") is None:
         raise UserError("the docker CLI is not installed (needed to build images)")
-    dockerfile = IMAGES_DIR / kind / "Dockerfile"
+    dockerfile = dockerfile or IMAGES_DIR / kind / "Dockerfile"
     # --force-rm: a failed step leaves no intermediate container behind (legacy builder).
     argv = ["docker", "build", "-q", "--force-rm", "-f", str(dockerfile), "-t", tag]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    argv += ["--label", f"{SOURCE_HASH_LABEL}={source_hash(kind)}", str(context)]
-    _run(argv, what)
+    for key, value in {SOURCE_HASH_LABEL: source_hash(kind), **(labels or {})}.items():
+        argv += ["--label", f"{key}={value}"]
+    _run([*argv, str(context)], what)
 
 
 def _pullable(tag: str) -> tuple[bool, str]:
@@ -347,6 +376,74 @@ def _pullable(tag: str) -> tuple[bool, str]:
     return False, lines[-1] if lines else f"docker pull exited {proc.returncode}"
 
 
+def gather_torch_wheels(
+    wheels_dir: Path = TORCH_WHEELS_DIR,
+    *,
+    spec: str = "torch",
+    progress: Callable[[str], None] | None = None,
+) -> str:
+    """Fill ``wheels_dir`` with PyTorch (``spec``, e.g. ``torch==2.5.1``), numpy and their
+    dependencies (the nvidia-* CUDA wheels, triton: gigabytes) for the image's Python; a stamp
+    of ``spec`` skips the download next time. Returns the torch version gathered."""
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    stamp = wheels_dir / f".torch-{hashlib.sha256(spec.encode()).hexdigest()[:16]}"
+    if not stamp.exists():
+        if progress:
+            progress(f"downloading {spec} and its CUDA wheels from PyPI (gigabytes)")
+        for old in wheels_dir.glob("*.whl"):
+            old.unlink()
+        requirements = [spec, *TORCH_REQUIREMENTS[1:]]
+        pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "download"]
+        _run(
+            [
+                *pip,
+                "--only-binary=:all:",
+                "-d",
+                str(wheels_dir),
+                *_pip_target_options(),
+                *requirements,
+            ],
+            "pip download (torch wheels)",
+        )
+        for old in wheels_dir.glob(".torch-*"):
+            old.unlink()
+        stamp.touch()
+    found = sorted(wheels_dir.glob("torch-*.whl"))
+    if not found:
+        raise SandboxError(f"no torch wheel in {wheels_dir} after the download")
+    return found[-1].name.split("-")[1]
+
+
+@dataclass(frozen=True)
+class CudaPlan:
+    """How the cuda image is built: from ``base`` (a CUDA registry image) or offline (None)."""
+
+    base: str | None
+    skip: str = ""  # non-empty: not built, and why
+
+
+def cuda_plan(
+    base: str | None,
+    *,
+    pull: bool,
+    exists: Callable[[str], bool],
+    pullable: Callable[[str], tuple[bool, str]] | None = None,
+) -> CudaPlan:
+    """The cuda build for ``--base``: ``offline`` → Debian's toolkit; an image → copy its
+    toolkit (pulled when missing and ``pull``; skipped with the reason when that fails); none →
+    ``CUDA_BASE_DEFAULT`` when it is here, else offline (no pull is tried)."""
+    if base == CUDA_OFFLINE:
+        return CudaPlan(None)
+    if base is None:
+        return CudaPlan(CUDA_BASE_DEFAULT) if exists(CUDA_BASE_DEFAULT) else CudaPlan(None)
+    if exists(base):
+        return CudaPlan(base)
+    if not pull:
+        return CudaPlan(base, f"the CUDA base {base} is not here (pulling is off)")
+    ok, why = (pullable or _pullable)(base)
+    return CudaPlan(base) if ok else CudaPlan(base, f"the CUDA base {base} is not here ({why})")
+
+
 def _variant_context(kind: str) -> Path:
     """The rust and cuda builds need no files: their folder (holding only the Dockerfile) is
     the context, so the wheels are not sent to the engine again."""
@@ -359,11 +456,13 @@ def build_image(
     base: str | None = None,
     pull: bool = True,
     tag: str | None = None,
+    torch: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> BuildResult:
     """Build one image. ``base``: the session image's BASE (default: the offline base, built
-    first when missing), or the CUDA base for ``cuda`` (default ``CUDA_BASE_DEFAULT``; pulled
-    when missing and ``pull``; the build is skipped with the reason when that fails).
+    first when missing), or for ``cuda`` what ``cuda_plan`` makes of it (a CUDA base image,
+    ``offline``, or None: the default base when it is here, else offline). ``torch``: a pip
+    requirement (``torch``, ``torch==2.5.1``) to add PyTorch to an offline cuda image.
     ``tag``: another tag than ``image_tag(kind)`` (rust and cuda; tests use it)."""
     _check_checkout()
     client = docker_client()
@@ -371,29 +470,14 @@ def build_image(
         raise UserError("the session image keeps its tag (variants build FROM it)")
     tag = tag or image_tag(kind)
     started = time.monotonic()
-    if kind in ("rust", "cuda"):
-        cuda_base = base or CUDA_BASE_DEFAULT
-        args = {SESSION_BUILD_ARG: SESSION_IMAGE}
-        if kind == "cuda":
-            if not image_exists(cuda_base, client):
-                why = "pulling is off"
-                if pull:
-                    if progress:
-                        progress(f"docker pull {cuda_base}")
-                    ok, why = _pullable(cuda_base)
-                    if ok:
-                        why = ""
-                if why:
-                    return BuildResult(
-                        kind, tag, False, f"skipped: the CUDA base {cuda_base} is not here ({why})"
-                    )
-            args[BASE_BUILD_ARG] = cuda_base
-        # A variant builds FROM the session image: make sure that one is current first (the
-        # --base option means the session's base here only for rust).
-        ensure_image("session", base=None if kind == "cuda" else base, progress=progress)
+    if kind == "cuda":
+        return _build_cuda(client, tag, base, pull, torch, progress, started)
+    if kind == "rust":
+        # A variant builds FROM the session image: make sure that one is current first.
+        ensure_image("session", base=base, progress=progress)
         if progress:
-            what = "apt: rustc, cargo" if kind == "rust" else f"CUDA from {cuda_base}"
-            progress(f"docker build {tag} ({what})")
+            progress(f"docker build {tag} (apt: rustc, cargo)")
+        args = {SESSION_BUILD_ARG: SESSION_IMAGE}
         _docker_build(kind, tag, args, f"{kind} build", _variant_context(kind))
         return BuildResult(kind, tag, True, "built", time.monotonic() - started)
     session_base = base or BASE_OFFLINE_TAG
@@ -408,6 +492,63 @@ def build_image(
         progress(f"docker build {tag} (BASE={session_base})")
     _docker_build("session", tag, {BASE_BUILD_ARG: session_base}, "session build")
     return BuildResult(kind, tag, True, "built", time.monotonic() - started)
+
+
+def _build_cuda(
+    client: Any,
+    tag: str,
+    base: str | None,
+    pull: bool,
+    torch: str | None,
+    progress: Callable[[str], None] | None,
+    started: float,
+) -> BuildResult:
+    def pullable(image: str) -> tuple[bool, str]:
+        if progress:
+            progress(f"docker pull {image}")
+        return _pullable(image)
+
+    plan = cuda_plan(
+        base, pull=pull, exists=lambda image: image_exists(image, client), pullable=pullable
+    )
+    if plan.skip:
+        return BuildResult("cuda", tag, False, f"skipped: {plan.skip}")
+    if plan.base is not None and torch:
+        raise UserError(
+            "--torch builds on Debian's toolkit: use it without --base (or --base offline)"
+        )
+    ensure_image("session", progress=progress)
+    args = {SESSION_BUILD_ARG: SESSION_IMAGE}
+    if plan.base is not None:
+        if progress:
+            progress(f"docker build {tag} (CUDA from {plan.base})")
+        _docker_build(
+            "cuda", tag, {**args, BASE_BUILD_ARG: plan.base}, "cuda build", _variant_context("cuda")
+        )
+        return BuildResult(
+            "cuda", tag, True, f"built (CUDA from {plan.base})", time.monotonic() - started
+        )
+    labels: dict[str, str] = {}
+    context = EMPTY_CONTEXT_DIR
+    if torch:
+        labels[TORCH_LABEL] = gather_torch_wheels(spec=torch, progress=progress)
+        context = TORCH_WHEELS_DIR
+    else:
+        context.mkdir(parents=True, exist_ok=True)
+    if progress:
+        extra = f" and PyTorch {labels[TORCH_LABEL]} from wheels" if torch else ""
+        progress(f"docker build {tag} (offline: apt nvidia-cuda-toolkit{extra})")
+    _docker_build(
+        "cuda",
+        tag,
+        args,
+        "cuda build (offline)",
+        context,
+        dockerfile=CUDA_OFFLINE_DOCKERFILE,
+        labels=labels,
+    )
+    how = "Debian's CUDA toolkit" + (f", PyTorch {labels[TORCH_LABEL]}" if torch else "")
+    return BuildResult("cuda", tag, True, f"built offline ({how})", time.monotonic() - started)
 
 
 def ensure_image(
