@@ -266,6 +266,51 @@ def test_a_code_fix_cell_scores_by_its_gate_in_the_sandbox(autostart: None, tmp_
         assert len(dud.requests) == 2  # trial_turns: 2
 
 
+GPU_SWEEP = """
+name: gpu
+suites:
+  - {suite: gpu-kernel, tasks: 2}
+  - {suite: nanogpt, tasks: 1}
+  - {suite: s-niah, tasks: 1, context_tokens: [600]}
+models: [openai/finder]
+variants: [{name: vanilla, rlm: false}]
+"""
+
+
+def test_gpu_cells_are_reported_and_not_run_on_a_machine_without_a_gpu(
+    autostart: None, tmp_path: Path
+) -> None:
+    # No `[sandbox] gpus` in the config (and no NVIDIA runtime on a CI machine): the GPU
+    # suites' cells cannot run here; the s-niah cell runs and scores.
+    with FakeModelServer(FINDER) as finder, FakeModelServer(DUD) as dud:
+        _models(finder, dud)
+        path = tmp_path / "gpu.yaml"
+        path.write_text(GPU_SWEEP)
+        ran = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert ran.returncode == 1, ran.stderr  # incomplete
+        (line,) = [x for x in ran.stderr.splitlines() if "cell(s) cannot run here:" in x]
+        assert line.startswith("sweep gpu: 3 cell(s) cannot run here: gpu-kernel/")
+        assert "(and 2 more task(s)): needs a GPU: " in line
+        assert "sweep gpu: incomplete" in ran.stderr
+        cells = {c["suite"]: c for c in _cells("gpu")}
+        assert cells["s-niah"]["state"] == "scored" and cells["s-niah"]["score"] == 1.0
+        held = [c for c in _cells("gpu") if c["suite"] != "s-niah"]
+        assert len(held) == 3
+        for cell in held:
+            assert cell["state"] == "unrunnable" and cell["trials"] == 0
+            assert cell["error_class"] == "cannot_run"
+            assert cell["stop_reason"] == "needs a GPU: " + line.split(": needs a GPU: ", 1)[1]
+        # No trial of theirs asked the model anything: only the s-niah cell did.
+        asked = len(finder.requests)
+        assert asked >= 1
+
+        # Again: still reported, still not run; the scored cell is not run twice.
+        again = cli(["sweep", "run", str(path)], timeout=SWEEP_TIMEOUT_S)
+        assert again.returncode == 1, again.stderr
+        assert "3 cell(s) cannot run here" in again.stderr
+        assert len(finder.requests) == asked
+
+
 def test_a_spent_sweep_budget_starts_no_more_trials(autostart: None, tmp_path: Path) -> None:
     with FakeModelServer(FINDER) as finder, FakeModelServer(DUD) as dud:
         _models(finder, dud)

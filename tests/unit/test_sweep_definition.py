@@ -80,7 +80,9 @@ def test_a_bad_file_is_one_line_naming_the_field(tmp_path: Path, text: str, need
     assert needle in message and "\n" not in message and message.startswith(str(tmp_path))
 
 
-LONG_CONTEXT_SUITES = [s for s in SUITES if s != "code-fix"]
+# The gated suites have no long context (tests/unit/test_sweep_gpu_suites.py has the GPU ones).
+GATED_SUITES = ("code-fix", "gpu-kernel", "nanogpt")
+LONG_CONTEXT_SUITES = [s for s in SUITES if s not in GATED_SUITES]
 
 
 @pytest.mark.parametrize("suite", LONG_CONTEXT_SUITES)

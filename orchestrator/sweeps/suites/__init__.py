@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.errors import ConfigError
-from orchestrator.sweeps.suites import code_fix, harbor, oolong_pairs_synth, oolong_synth, s_niah
+from orchestrator.sweeps.suites import (
+    code_fix,
+    gpu_kernel,
+    harbor,
+    nanogpt,
+    oolong_pairs_synth,
+    oolong_synth,
+    s_niah,
+)
 from orchestrator.sweeps.tasks import Task
 
 __all__ = ["DEFAULT_SUITE_TASKS", "PATH_SUITES", "SUITES", "SUITE_NAMES", "Generate", "generate"]
@@ -30,6 +38,8 @@ SUITES: Final[dict[str, Generate]] = {
     oolong_synth.SUITE: oolong_synth.generate,
     oolong_pairs_synth.SUITE: oolong_pairs_synth.generate,
     code_fix.SUITE: code_fix.generate,
+    gpu_kernel.SUITE: gpu_kernel.generate,
+    nanogpt.SUITE: nanogpt.generate,
 }
 # Suites read from a directory the sweep names (``path``) rather than generated.
 PATH_SUITES: Final = (harbor.SUITE,)
