@@ -69,11 +69,12 @@ def _run(workdir: Path, script: str) -> subprocess.CompletedProcess[str]:
 
 def test_nvcc_builds_every_kernel_gate_and_the_checker_needs_a_device(tmp_path: Path) -> None:
     _skip_unless_built()
+    work = tmp_path / "work"  # tmp_path holds the test's XDG directories too
     tasks = generate("gpu-kernel", 6, None, seed=1)
     for task in tasks:
-        _files(tmp_path / str(task.params["op"]), {**task.files, "gate.sh": task.gates[0]})
+        _files(work / str(task.params["op"]), {**task.files, "gate.sh": task.gates[0]})
     ran = _run(
-        tmp_path,
+        work,
         "nvcc --version | tail -n 1; for d in */; do (cd $d && bash gate.sh > out 2>&1; "
         'echo "$d $? $(tail -n 1 out)"); done',
     )
@@ -82,7 +83,7 @@ def test_nvcc_builds_every_kernel_gate_and_the_checker_needs_a_device(tmp_path: 
     assert lines[0].startswith("Build cuda_11.8")
     # Built (the hash matched, nvcc compiled and linked): the checker ran and, with no GPU
     # given to the container, stopped at its first CUDA call.
-    assert len(lines) == 1 + len(tasks)
+    assert len(lines) == 1 + len(tasks), ran.stdout
     for line in lines[1:]:
         _, code, last = line.split(" ", 2)
         assert code == "2" and "cudaMalloc" in last, line
@@ -96,8 +97,9 @@ def test_the_nanogpt_baseline_and_checker_run_where_the_image_has_pytorch(
         pytest.skip(f"{TAG} was built without PyTorch (prime-agent images build cuda --torch)")
     (task,) = generate("nanogpt", 1, None, seed=1)
     loose = check_script(10.0, 120.0, 500.0, TIMED_RESULT_FILE)
-    _files(tmp_path, {**task.files, "check_loose.py": loose})
-    ran = _run(tmp_path, "python -W ignore check_loose.py")
+    work = tmp_path / "work"
+    _files(work, {**task.files, "check_loose.py": loose})
+    ran = _run(work, "python -W ignore check_loose.py")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "check: validation loss" in ran.stdout
-    assert (tmp_path / TIMED_RESULT_FILE).exists()
+    assert (work / TIMED_RESULT_FILE).exists()
