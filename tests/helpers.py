@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -327,3 +327,22 @@ def call_worker_pids(daemon_pid: int) -> list[int]:
         if WORKER_MODULE.encode() in argv and child.state != "Z":
             found.append(child.pid)
     return found
+
+
+# What a scripted-model test's config.toml says: fail fast on a dead endpoint.
+FAST_FAIL_CONFIG = "retry_base_delay_s = 0.01\nmodel_max_retries = 1\n"
+
+
+@contextlib.contextmanager
+def model_behind_a_daemon(monkeypatch: pytest.MonkeyPatch, script: str) -> Iterator[Any]:
+    """The scripted model serving ``script``, with the daemon started on first use by whatever
+    the test runs (autostart on) and stopped afterwards."""
+    from orchestrator.testing import FakeModelServer
+
+    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
+    write_config(FAST_FAIL_CONFIG)
+    with FakeModelServer(script) as srv:
+        try:
+            yield srv
+        finally:
+            stop_daemons(os.environ["XDG_RUNTIME_DIR"])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.testing import FakeModelServer
-from tests.helpers import stop_daemons, write_config
+from tests.helpers import model_behind_a_daemon
 
 TURN_TIMEOUT_S = 120.0
 SCRIPT = """
@@ -66,11 +66,8 @@ class _Client:
 
 @pytest.fixture
 def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
-    monkeypatch.setenv("PRIME_AGENT_DAEMON_AUTOSTART", "1")
-    write_config("retry_base_delay_s = 0.01\nmodel_max_retries = 1\n")
-    with FakeModelServer(SCRIPT) as srv:
+    with model_behind_a_daemon(monkeypatch, SCRIPT) as srv:
         yield srv
-        stop_daemons(os.environ["XDG_RUNTIME_DIR"])
 
 
 @asynccontextmanager
