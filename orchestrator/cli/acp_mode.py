@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from orchestrator.api.client import ControlClient
-from orchestrator.api.messages import Event
+from orchestrator.api.messages import Event, Stream
+from orchestrator.api.wire import CAP_STREAM, CLIENT_CAPABILITIES
 from orchestrator.cli.acp_updates import META_NAMESPACE, meta, subagent_update, updates_for_event
 from orchestrator.cli.protocol_stdio import claim_stdout, open_stdio
 
@@ -146,6 +147,9 @@ class PrimeAgentAcp:
         self._sealed: set[int] = set()  # turns whose terminal update is out
         self._cells: dict[str, str] = {}
         self._last_error: str | None = None
+        self._root_seq = 0  # the newest root event handled
+        self._held_deltas: list[tuple[int, str]] = []  # (after, text) until that event is out
+        self._streamed_after: set[int] = set()  # the `after` of each delta sent
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -290,7 +294,10 @@ class PrimeAgentAcp:
                 from orchestrator.cli.connect import require_daemon
 
                 await asyncio.to_thread(require_daemon, "ACP mode")
-            self._control = await ControlClient.connect(self.options.socket_path)
+            # With the stream capability: text deltas arrive as the model writes them.
+            self._control = await ControlClient.connect(
+                self.options.socket_path, capabilities=(*CLIENT_CAPABILITIES, CAP_STREAM)
+            )
         return self._control
 
     def _ours(self, session_id: str) -> tuple[ControlClient, _Producer]:
@@ -330,6 +337,10 @@ class PrimeAgentAcp:
     async def _route(self, control: ControlClient, root: str) -> None:
         """Every pushed event of the tree, mapped and published in arrival order."""
         async for item in control.events():
+            if isinstance(item, Stream):
+                if item.session == root:
+                    await self._root_delta(item)
+                continue
             if not isinstance(item, Event):
                 continue
             try:
@@ -343,12 +354,41 @@ class PrimeAgentAcp:
     def _current_turn(self) -> int:
         return self._turn.number if self._turn is not None else 0
 
+    async def _root_delta(self, delta: Stream) -> None:
+        """A text delta of the reply being written, streamed as a message chunk — after the
+        durable event it follows (deltas travel apart from events, and may overtake the last
+        one), and the stored reply then sends no second copy of its text."""
+        text = delta.event.get("delta")
+        if delta.event.get("type") != "text_delta" or not isinstance(text, str) or not text:
+            return
+        after = delta.after or 0
+        if after > self._root_seq:  # the event it follows has not been handled yet
+            self._held_deltas.append((after, text))
+            return
+        await self._publish_delta(after, text)
+
+    async def _publish_delta(self, after: int, text: str) -> None:
+        assert self._producer is not None
+        self._streamed_after.add(after)
+        chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+        await self._producer.publish(chunk, self._current_turn())
+
     async def _root_event(self, event: Mapping[str, Any]) -> None:
         assert self._producer is not None
         kind = event.get("type")
         payload = event.get("payload") or {}
+        seq = int(event.get("seq") or 0)
+        streamed = False
+        if kind == "assistant_message":  # its deltas followed an earlier event
+            streamed = any(after < seq for after in self._streamed_after)
+            self._streamed_after = {after for after in self._streamed_after if after >= seq}
         for update in updates_for_event(event, self._cells):
+            if streamed and update["sessionUpdate"] == "agent_message_chunk":
+                continue  # its text went out as deltas
             await self._producer.publish(update, self._current_turn())
+        self._root_seq = max(self._root_seq, seq)
+        while self._held_deltas and self._held_deltas[0][0] <= self._root_seq:
+            await self._publish_delta(*self._held_deltas.pop(0))
         if kind == "error" and isinstance(payload, Mapping):
             self._last_error = str(payload.get("message") or payload.get("kind") or "error")
         turn = self._turn

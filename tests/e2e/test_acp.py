@@ -116,10 +116,16 @@ async def test_a_turn_streams_its_cell_and_answer_and_ends_with_the_lifecycle(
     done = next(u for u in seen.updates if u["sessionUpdate"] == "tool_call_update")
     assert done["status"] == "completed" and done["toolCallId"] == call["toolCallId"]
     assert done["content"][-1]["content"]["text"].strip() == "42"
+    # The answer streamed as the model wrote it (deltas), after the cell's update, and once:
+    # no second copy when the stored reply arrives.
+    tail = seen.updates[kinds.index("tool_call_update") + 1 :]
     said = [
         u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_message_chunk"
     ]
-    assert said[-1] == "The answer is 42."
+    assert "".join(said) == "The answer is 42."
+    assert "".join(
+        u["content"]["text"] for u in tail if u["sessionUpdate"] == "agent_message_chunk"
+    ) == ("The answer is 42.")
     assert kinds.index("tool_call") < kinds.index("tool_call_update")
     # Every update: the turn that caused it, a strictly increasing sequence, a phase.
     stamps = [_ours(u) for u in seen.updates]
