@@ -9,11 +9,12 @@ them (docs/cli.md, "Start-up cost"), so nothing here imports more than the stand
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final, Protocol
+from typing import Final, Literal, Protocol
 
 __all__ = [
     "EMBEDDED_ALIASES",
     "EMBEDDED_MODEL_NAME",
+    "EMBEDDED_VARIANT_NAMES",
     "KEY_VARS",
     "OPENAI_BASE_URL_ENV",
     "DeclaredEndpoint",
@@ -22,7 +23,15 @@ __all__ = [
 ]
 
 EMBEDDED_MODEL_NAME: Final = "local/qwen2.5-coder-0.5b"
-EMBEDDED_ALIASES: Final = frozenset({"local", "embedded", EMBEDDED_MODEL_NAME})
+# One embedded variant by name, whatever ``[embedded] variant`` says: a sweep crosses both
+# (docs/embedded-model.md, "Sweeping the embedded model"). The daemon serves each it is asked for.
+EMBEDDED_VARIANT_NAMES: Final[Mapping[str, Literal["0.5b", "1.5b"]]] = {
+    "embedded/0.5b": "0.5b",
+    "embedded/1.5b": "1.5b",
+}
+EMBEDDED_ALIASES: Final = frozenset(
+    {"local", "embedded", EMBEDDED_MODEL_NAME, *EMBEDDED_VARIANT_NAMES}
+)
 OPENAI_BASE_URL_ENV: Final = "OPENAI_BASE_URL"
 _OPENAI_PROVIDER: Final = "openai"
 _PROVIDER_SEPARATOR: Final = "/"

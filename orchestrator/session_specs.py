@@ -81,6 +81,8 @@ class StoredModel(_Spec):
     tool_protocol: Literal["native", "fenced"] = "native"
     prices: StoredPrices | None = None  # None: litellm's bundled map at cost time
     embedded: bool = False
+    # The variant an ``embedded/…`` name chose; None: the loading daemon's ``[embedded]``.
+    embedded_variant: Literal["0.5b", "1.5b"] | None = None
 
 
 class StoredMount(_Spec):

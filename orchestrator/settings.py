@@ -82,6 +82,7 @@ __all__ = [
     "CompactionSettings",
     "DaemonSettings",
     "EmbeddedSettings",
+    "EmbeddedVariant",
     "HarnessSettings",
     "ModelConfig",
     "NatsSettings",
@@ -106,6 +107,7 @@ MAX_OUTPUT_TOKENS = 8192  # per model reply
 DEFAULT_CONTEXT_WINDOW = 128_000
 
 EMBEDDED_CONTEXT_TOKENS = 8192
+EmbeddedVariant = Literal["0.5b", "1.5b"]  # models/embedded.py VARIANTS
 
 # --- subagents and messages (docs/spec.md §3) ----------------------------------------------
 MAX_DEPTH = 1  # root is depth 0; children of depth MAX_DEPTH cannot spawn
@@ -179,7 +181,7 @@ class ModelConfig(_Strict):
 class EmbeddedSettings(_Strict):
     threads: int = Field(default_factory=lambda: max(1, min(2, os.cpu_count() or 1)), ge=1)
     context_tokens: int = Field(default=EMBEDDED_CONTEXT_TOKENS, ge=512)
-    variant: Literal["0.5b", "1.5b"] = "0.5b"
+    variant: EmbeddedVariant = "0.5b"
 
 
 class SandboxSettings(_Strict):

@@ -38,7 +38,8 @@ def model_settings(settings: Settings, selector: str | None, chosen: SessionSett
         raise ApiCommandError(E_INVALID_ARGUMENT, "settings.model: name the model it is for")
     known = settings.models.get(name, ModelConfig())
     try:
-        entry = ModelConfig.model_validate({**known.model_dump(), **changes})
+        # Only what was set: an embedded model tells a chosen tool protocol from the default.
+        entry = ModelConfig.model_validate({**known.model_dump(exclude_unset=True), **changes})
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"])

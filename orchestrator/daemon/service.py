@@ -103,7 +103,8 @@ class Daemon:
         self._orch: Orchestrator | None = None
         self._bus: DaemonBus | None = None
         self._backends: DaemonBackends | None = None
-        self._embedded: EmbeddedModel | None = None
+        # One server per embedded variant asked for (``[embedded] variant``, ``embedded/1.5b``).
+        self._embedded: dict[str, EmbeddedModel] = {}
         self._embedded_lock = asyncio.Lock()
         self._ready = asyncio.Event()
         self._stop = asyncio.Event()
@@ -150,18 +151,23 @@ class Daemon:
         return current, restart_notice(changed, self.config.path)
 
     async def endpoint_for(self, model: ResolvedModel) -> ResolvedModel:
-        """Remote models as they are; the embedded model gets the endpoint of the one server
-        this daemon runs, started on first use (it costs ~0.5 GB of RAM, so only when asked)."""
+        """Remote models as they are; the embedded model gets the endpoint of this daemon's
+        server for its variant, started on first use (it costs ~0.5 GB of RAM, so only when
+        asked): the configured one, or the one its name chose (``embedded/1.5b``)."""
         if not model.embedded:
             return model
+        settings = self.settings.embedded
+        if model.embedded_variant is not None:
+            settings = settings.model_copy(update={"variant": model.embedded_variant})
         async with self._embedded_lock:
-            if self._embedded is None:
+            embedded = self._embedded.get(settings.variant)
+            if embedded is None:
                 from orchestrator.models.embedded import EmbeddedModel
 
-                self._embedded = EmbeddedModel(self.settings.embedded, self.paths)
-            if not self._embedded.running:
-                await self._embedded.start()  # also restarts a server that died
-            embedded = self._embedded
+                embedded = EmbeddedModel(settings, self.paths)
+                self._embedded[settings.variant] = embedded
+            if not embedded.running:
+                await embedded.start()  # also restarts a server that died
         return model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
 
     async def resolve(self, selector: str) -> ResolvedModel:
@@ -310,8 +316,8 @@ class Daemon:
         if self._bus is not None:
             await self._bounded("stopping NATS", self._bus.close())
         await self._bounded("stopping the model-call workers", uninstall_call_workers())
-        if self._embedded is not None:
-            await self._bounded("stopping the embedded model", self._embedded.stop())
+        for embedded in self._embedded.values():
+            await self._bounded("stopping the embedded model", embedded.stop())
         self._orch = None
         store, self._store = self._store, None
         if store is not None:

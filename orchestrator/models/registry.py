@@ -24,12 +24,13 @@ from orchestrator.errors import MissingCredentials, ModelNotFound, UserError
 from orchestrator.model_names import (
     EMBEDDED_ALIASES,
     EMBEDDED_MODEL_NAME,
+    EMBEDDED_VARIANT_NAMES,
     KEY_VARS,
     OPENAI_BASE_URL_ENV,
     names_a_remote_model,
 )
 from orchestrator.session_specs import StoredModel, StoredPrices
-from orchestrator.settings import MAX_OUTPUT_TOKENS, ModelConfig, Settings
+from orchestrator.settings import MAX_OUTPUT_TOKENS, EmbeddedVariant, ModelConfig, Settings
 
 __all__ = [
     "DUMMY_API_KEY",
@@ -83,6 +84,8 @@ class ResolvedModel:
     embedded: bool = False
     # The variable ``api_key`` was read from (stored with the session; the key never is).
     api_key_env: str | None = None
+    # The embedded variant a name chose (``embedded/1.5b``); None: ``[embedded] variant``.
+    embedded_variant: EmbeddedVariant | None = None
 
     @property
     def speaks_openai(self) -> bool:
@@ -114,19 +117,38 @@ def _prices(cfg: ModelConfig) -> Prices | None:
     )
 
 
-def _embedded(settings: Settings) -> ResolvedModel:
+def _embedded(
+    settings: Settings,
+    chosen: str = EMBEDDED_MODEL_NAME,
+    *,
+    tool_protocol: Literal["native", "fenced"] | None = None,
+) -> ResolvedModel:
+    """The embedded model: the configured variant, or the one ``chosen`` names
+    (``embedded/1.5b``). Fenced unless a ``[models]`` entry for that name (a sweep's, a run's
+    ``settings.model``) sets ``tool_protocol`` itself."""
+    variant = EMBEDDED_VARIANT_NAMES.get(chosen)
+    if tool_protocol is None:
+        cfg = settings.models.get(chosen)
+        if cfg is not None and "tool_protocol" in cfg.model_fields_set:
+            tool_protocol = cfg.tool_protocol
+    if variant is None:
+        selector, name = EMBEDDED_MODEL_NAME, EMBEDDED_MODEL_NAME.split("/", 1)[1]
+    else:
+        selector, name = chosen, f"qwen2.5-coder-{variant}"
     return ResolvedModel(
-        selector=EMBEDDED_MODEL_NAME,
+        selector=selector,
         provider="local",
-        name=EMBEDDED_MODEL_NAME.split("/", 1)[1],
+        name=name,
         litellm_model="",  # filled in by with_endpoint() once the server runs
         api_base=None,
         api_key=DUMMY_API_KEY,
         context_window=settings.embedded.context_tokens,
         max_output_tokens=EMBEDDED_MAX_OUTPUT_TOKENS,
-        tool_protocol="fenced",  # 0.5B models do not emit native tool calls
+        # Small models rarely emit native tool calls well: fenced unless asked otherwise.
+        tool_protocol=tool_protocol or "fenced",
         prices=Prices(input=0.0, output=0.0, cache_read=0.0, cache_write=0.0),
         embedded=True,
+        embedded_variant=variant,
     )
 
 
@@ -182,7 +204,7 @@ def resolve_model(
     if not chosen or chosen in EMBEDDED_ALIASES:
         if api_base:
             raise ModelNotFound("--api-base needs --model provider/name (e.g. openai/my-model)")
-        return _embedded(settings)
+        return _embedded(settings, chosen)
 
     cfg = settings.models.get(chosen)
     if "/" not in chosen:
@@ -272,6 +294,7 @@ def stored_model(model: ResolvedModel) -> StoredModel:
             cache_write=prices.cache_write,
         ),
         embedded=model.embedded,
+        embedded_variant=model.embedded_variant,
     )
 
 
@@ -288,7 +311,7 @@ def resolve_stored(
     key to) another endpoint. A variable that is gone is a one-line ``MissingCredentials``."""
     env = os.environ if env is None else env
     if spec.embedded:
-        return _embedded(settings)
+        return _embedded(settings, spec.selector, tool_protocol=spec.tool_protocol)
     whose = f"session {session}" if session else "the session"
     key: str | None = None
     if spec.api_key_env is not None:

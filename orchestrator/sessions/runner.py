@@ -165,7 +165,10 @@ async def run_session(
         if model.embedded:
             from orchestrator.models.embedded import EmbeddedModel
 
-            embedded = EmbeddedModel(settings.embedded, paths)
+            chosen = settings.embedded
+            if model.embedded_variant is not None:
+                chosen = chosen.model_copy(update={"variant": model.embedded_variant})
+            embedded = EmbeddedModel(chosen, paths)
             await embedded.start()
             model = model.with_endpoint(embedded.api_base, embedded.litellm_model, embedded.api_key)
         root = await orch.create_session(

@@ -130,8 +130,11 @@ class SweepModel(_Section):
 
     @property
     def label(self) -> str:
-        """How reports and status name it: the model, and where when it is not the default."""
-        return self.model if self.api_base is None else f"{self.model}@{self.api_base}"
+        """How reports and status name it: the model, where when it is not the default, and
+        its tool protocol when the entry chose one (one model under both protocols is two
+        entries: ``embedded/0.5b+fenced``, ``embedded/0.5b+native``)."""
+        label = self.model if self.api_base is None else f"{self.model}@{self.api_base}"
+        return label if self.tool_protocol is None else f"{label}+{self.tool_protocol}"
 
 
 class Variant(_Section):

@@ -440,6 +440,60 @@ def stand_in(chunks: Chunks, tmp_path: Path) -> Callable[..., StandInModel]:
     return make
 
 
+async def test_daemon_serves_each_named_variant_from_its_own_server(
+    chunks: Chunks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``embedded/0.5b`` and ``embedded/1.5b`` (a sweep's models) each get their own server
+    from the daemon's ``endpoint_for``; the unnamed default shares the configured variant's,
+    and the daemon's shutdown stops every one."""
+    from orchestrator.daemon.service import Daemon
+    from orchestrator.models.registry import resolve_model
+    from orchestrator.paths import Paths
+    from orchestrator.settings import Settings
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    started: list[str] = []
+
+    def stand_in_for(settings: EmbeddedSettings, paths: Paths) -> StandInModel:
+        started.append(settings.variant)
+        model = StandInModel(
+            settings,
+            paths,
+            model_dir=tmp_path / "models" / settings.variant,
+            variant=replace(chunks.variant, key=settings.variant),
+            locate=chunks.locate,
+        )
+        model.script = script
+        return model
+
+    monkeypatch.setattr(embedded, "EmbeddedModel", stand_in_for)
+    paths = Paths(tmp_path / "c", tmp_path / "d", tmp_path / "k", tmp_path / "r")
+    settings = Settings(embedded=EmbeddedSettings(threads=1, context_tokens=1024))
+    daemon = Daemon(paths=paths, settings=settings, socket_path=tmp_path / "r" / "sock")
+    try:
+        small = await daemon.endpoint_for(resolve_model("embedded/0.5b", settings, env={}))
+        large = await daemon.endpoint_for(resolve_model("embedded/1.5b", settings, env={}))
+        default = await daemon.endpoint_for(resolve_model(None, settings, env={}))
+        again = await daemon.endpoint_for(resolve_model("embedded/1.5b", settings, env={}))
+        assert started == ["0.5b", "1.5b"]
+        assert small.api_base != large.api_base
+        assert default.api_base == small.api_base and again.api_base == large.api_base
+        assert (large.selector, large.name) == ("embedded/1.5b", "qwen2.5-coder-1.5b")
+        assert small.tool_protocol == large.tool_protocol == "fenced"
+        async with httpx.AsyncClient() as client:
+            for model in (small, large):
+                assert model.api_base is not None
+                seen = (await client.get(f"{model.api_base}/models")).json()
+                assert seen["env"][API_KEY_ENV] == model.api_key
+        pids = [m.pid for m in daemon._embedded.values()]
+    finally:
+        await daemon._shutdown()
+    assert len(pids) == 2
+    for pid in pids:
+        assert pid is not None and _group_gone(pid)
+
+
 def _group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

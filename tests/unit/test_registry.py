@@ -87,3 +87,31 @@ def test_known_price_from_litellm_bundled_map() -> None:
     m = resolve_model("openai/gpt-4o-mini", Settings(), env={"OPENAI_API_KEY": "k"})
     cost = call_cost(m, input=1_000_000, output=0, cache_read=0, cache_write=0)
     assert cost is not None and cost > 0
+
+
+def test_embedded_variant_names_pin_the_variant_and_keep_it_when_stored() -> None:
+    from orchestrator.models.registry import resolve_stored, stored_model
+
+    settings = Settings()  # [embedded] variant = "0.5b"
+    large = resolve_model("embedded/1.5b", settings, env={})
+    assert large.embedded and large.embedded_variant == "1.5b"
+    assert (large.selector, large.tool_protocol, large.api_key_env) == (
+        "embedded/1.5b",
+        "fenced",
+        None,
+    )
+    assert resolve_model(None, settings, env={}).embedded_variant is None  # the configured one
+    again = resolve_stored(stored_model(large), settings, env={})
+    assert (again.embedded_variant, again.selector, again.tool_protocol) == (
+        "1.5b",
+        "embedded/1.5b",
+        "fenced",
+    )
+
+
+def test_embedded_tool_protocol_only_when_an_entry_sets_it() -> None:
+    native = Settings(models={"embedded/0.5b": ModelConfig(tool_protocol="native")})
+    assert resolve_model("embedded/0.5b", native, env={}).tool_protocol == "native"
+    # An entry that says nothing of the protocol keeps the small model's fenced default.
+    windowed = Settings(models={"embedded/0.5b": ModelConfig(context_window=4096)})
+    assert resolve_model("embedded/0.5b", windowed, env={}).tool_protocol == "fenced"

@@ -194,3 +194,36 @@ def test_the_example_sweep_file_loads() -> None:
     path = Path(__file__).parents[2] / "examples" / "sweeps" / "niah-small.yaml"
     spec = load_sweep(path)
     assert spec.name == "niah-small" and len(expand(spec)) == 20
+
+
+EMBEDDED_SWEEP = Path(__file__).parents[2] / "examples" / "sweeps" / "embedded-small.yaml"
+
+
+def test_the_embedded_sweep_names_both_variants_under_both_protocols() -> None:
+    """The committed embedded sweep (docs/embedded-model.md): each entry reaches the daemon as
+    the runner sends it (``settings.model``) and resolves to the embedded model of its variant
+    under its own tool protocol; none needs a key (``check_models`` passes with no env)."""
+    from orchestrator.api.protocol import SessionSettings
+    from orchestrator.cli.sweep_runner import _session_settings, check_models
+    from orchestrator.daemon.run_choices import model_settings
+    from orchestrator.models.registry import resolve_model
+    from orchestrator.settings import Settings
+
+    spec = load_sweep(EMBEDDED_SWEEP)
+    assert [m.label for m in spec.models] == [
+        "embedded/0.5b+fenced",
+        "embedded/0.5b+native",
+        "embedded/1.5b+fenced",
+        "embedded/1.5b+native",
+    ]
+    daemon_settings = Settings()
+    check_models(spec, daemon_settings)
+    seen = set()
+    for cell in expand(spec):
+        chosen = SessionSettings.model_validate(_session_settings(spec, cell))
+        settings = model_settings(daemon_settings, cell.model.model, chosen)
+        model = resolve_model(cell.model.model, settings, env={})
+        assert model.embedded and model.selector == cell.model.model
+        assert model.tool_protocol == cell.model.tool_protocol
+        seen.add((model.embedded_variant, model.tool_protocol))
+    assert seen == {(v, p) for v in ("0.5b", "1.5b") for p in ("fenced", "native")}
