@@ -4,7 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_TASK ?= Compute the sum of the squares of the integers from 1 to 100 with Python, then answer with the number.
+# The demo is a task of the kind a new user tries first (docs/embedded-model.md, "Which embedded
+# variant"): a 2,000-line file with one line that states a number, which only code can find.
+DEMO_DIR ?= build/demo
+DEMO_TASK ?= The file notes.txt in your working directory has 2000 lines. Exactly one line states a number. Find that line with Python and answer with the number.
 
 .PHONY: install bubblewrap demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda
 
@@ -36,7 +39,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/prime-agent -p "$(DEMO_TASK)"
+	$(BIN)/python examples/demo/make_notes.py $(DEMO_DIR)
+	$(BIN)/prime-agent --cwd $(DEMO_DIR) -p "$(DEMO_TASK)"
 
 # The session image is built (offline, cached under images/.build) before the tests, when Docker
 # answers; without Docker the docker tests skip themselves (and with CI=true, as .ci/run's

@@ -47,13 +47,40 @@ is what the user receives, so make it complete and self-contained; keep it short
 task asks for more.
 """
 
-# Small local models (the embedded 0.5B) lose the thread in a long prompt: measured here, the
-# full base prompt made Qwen2.5-Coder-0.5B answer with a guessed number instead of code, while
-# this short one gets code, then the right answer. Fenced-protocol models get this variant.
+# Small local models (the embedded 0.5B and 1.5B) lose the thread in a long prompt: measured
+# here, the full base prompt made Qwen2.5-Coder-0.5B answer with a guessed number instead of
+# code, while a short one gets code. Short as it is, it must still say what they got wrong on
+# real tasks (docs/embedded-model.md, "Which embedded variant"): answering before running any
+# code ("2000" for "the number in this file"), and redefining a buggy function in the session
+# instead of editing the file the tests import. Two worked examples show both. Fenced-protocol
+# models get this variant.
 _COMPACT = """\
 You solve tasks by running Python code in a persistent IPython session.
 To run code, reply with one ```python block; you will then see its output. Use print() to see \
 values. Variables persist between blocks.
+Never guess: you know nothing about a file or data until your code has printed it. Run code \
+first, then answer from its output.
+
+Example: find the line of a file that states a number (use the real file name).
+```python
+import re
+for i, line in enumerate(open("notes.txt").read().splitlines()):
+    if re.search(r"[0-9]", line):
+        print(i, line)
+```
+
+Example: fix a bug. Read the file, change the file on disk (a function defined in the \
+session does not change the file the tests import), then run the tests.
+```python
+print(open("calc.py").read())
+```
+```python
+text = open("calc.py").read().replace("return a - b", "return a + b")
+open("calc.py", "w").write(text)
+!python -m pytest -q
+```
+
+If an error repeats, read the file again instead of retrying the same code.
 When the output answers the task, reply with the final answer only, without a code block.
 """
 
