@@ -31,7 +31,7 @@ from orchestrator.agent.compaction import (
 )
 from orchestrator.agent.context import ContextBuilder, estimate_tokens
 from orchestrator.agent.fenced import extract_fenced_call
-from orchestrator.agent.prompts import IPYTHON_TOOL
+from orchestrator.agent.prompts import FENCED_TURN_REMINDER, IPYTHON_TOOL
 from orchestrator.agent.shaping import shape_cell_result
 from orchestrator.agent.stuck import RepeatGuard, Verdict, repeat_notice, stuck_message
 from orchestrator.errors import EmptyReply, ModelError, SandboxError
@@ -381,9 +381,22 @@ class AgentLoop:
         await self._append("error", ErrorPayload(kind=STUCK_ERROR_KIND, message=message))
         return TurnOutcome(reason="stuck", final_text=message)
 
+    def _request_messages(self) -> list[dict[str, Any]]:
+        """The system prompt and the context; a fenced model whose context ends with a message
+        to it (a task, a steer, a gate's verdict) reads ``FENCED_TURN_REMINDER`` after it, in
+        this request only: the stored message and the context stay as they are."""
+        messages = [{"role": "system", "content": self.system_prompt}, *self.context.messages]
+        entries = self.context.entries
+        if self._fenced and entries and entries[-1].user:
+            last = messages[-1]
+            content = last.get("content")
+            if isinstance(content, str):
+                messages[-1] = {**last, "content": content + FENCED_TURN_REMINDER}
+        return messages
+
     async def _call_model(self) -> ModelReply:
         return await self.client.complete(
-            [{"role": "system", "content": self.system_prompt}, *self.context.messages],
+            self._request_messages(),
             tools=None if self._fenced else [IPYTHON_TOOL],
             temperature=0.0 if self.client.model.embedded else None,
             on_delta=lambda d: self._emit({"type": "text_delta", "delta": d}),

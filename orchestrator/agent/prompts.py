@@ -13,6 +13,7 @@ from typing import Literal
 
 __all__ = [
     "BASE_PROMPT_VERSION",
+    "FENCED_TURN_REMINDER",
     "IPYTHON_TOOL",
     "EnvironmentFacts",
     "build_system_prompt",
@@ -83,6 +84,14 @@ open("calc.py", "w").write(text)
 If an error repeats, read the file again instead of retrying the same code.
 When the output answers the task, reply with the final answer only, without a code block.
 """
+
+# What a fenced model reads last before it answers a user's (or a gate's) message: measured, the
+# small models follow the last lines they read, and this made Qwen2.5-Coder-1.5B write the
+# search code for tasks it had answered with a guessed number (docs/embedded-model.md). Added to
+# the request only (agent/loop.py), never stored.
+FENCED_TURN_REMINDER = (
+    "\n\n(Reply with one ```python block first; answer only after you have seen its output.)"
+)
 
 IPYTHON_TOOL: dict[str, object] = {
     "type": "function",

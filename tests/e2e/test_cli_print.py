@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.prompts import FENCED_TURN_REMINDER
 from orchestrator.paths import Paths
 from orchestrator.sandbox.choice import LOCAL_WARNING
 from orchestrator.store.db import Store
@@ -124,8 +125,14 @@ def test_fenced_protocol_model_from_config(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == "338350\n"
         assert "tools" not in srv.requests[0]
+        # The task reaches a fenced model with the reminder to run code first, in the request
+        # only; the code's output (the next request's last message) has none.
+        first = srv.requests[0]["messages"][-1]
+        assert first["content"] == "sum of squares 1..100" + FENCED_TURN_REMINDER
         second = srv.requests[1]["messages"][-1]
         assert second["role"] == "user" and "338350" in second["content"]
+        assert FENCED_TURN_REMINDER not in second["content"]
+        assert srv.requests[1]["messages"][1]["content"] == "sum of squares 1..100"
 
 
 @pytest.mark.parametrize(
