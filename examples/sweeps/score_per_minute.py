@@ -4,7 +4,9 @@
 
 One row per suite × model entry (and one per model entry over every suite): scored cells, mean
 score, mean tokens and wall seconds per trial, and score per minute — the summed score over the
-summed wall time, the figure the embedded default is chosen by.
+summed wall time, the figure the embedded default is chosen by. A cell whose turn stopped
+without an answer (``scoring.NOT_ANSWERED``: stuck, a spent budget) counts 0, as the runner
+scores it since sweeps-2 (older cells may hold a score read from the harness's notice).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+
+from orchestrator.sweeps.scoring import NOT_ANSWERED
 
 SECONDS_PER_MINUTE = 60.0
 
@@ -24,6 +28,8 @@ def main() -> None:
         cell = json.loads(line)
         if cell["state"] != "scored":
             continue
+        if cell["suite"] != "code-fix" and cell["stop_reason"] in NOT_ANSWERED:
+            cell["score"] = 0.0
         groups[(str(cell["suite"]), str(cell["model"]))].append(cell)
         groups[("all", str(cell["model"]))].append(cell)
     print("| suite | model + protocol | trials | score | tokens / trial | wall s / trial | score / min |")

@@ -23,7 +23,8 @@ __all__ = ["HARNESS_VERSION", "Cell", "expand"]
 
 # Bumped when what a trial does for the same inputs changes (prompts, scoring, suites): every
 # cell then gets a new fingerprint and runs again.
-HARNESS_VERSION: Final = "sweeps-2"  # 2: the compact prompt's worked examples
+# sweeps-2: the compact prompt's worked examples; a turn stopped without an answer scores 0.
+HARNESS_VERSION: Final = "sweeps-2"
 FINGERPRINT_CHARS: Final = 32
 
 

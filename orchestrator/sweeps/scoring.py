@@ -33,6 +33,10 @@ __all__ = ["NUMERIC_BASE", "TIMED_RESULT_FILE", "TimedResult", "read_timed_resul
 
 NUMERIC_BASE: Final = 0.75
 GATE_PASSED: Final = "gate_passed"  # the autonomous stop reason when every gate passed
+# Turns that stopped without the model's answer: their final text is the harness's notice
+# ("stopped: 4 identical cells in a row", a spent budget), whose numbers are no answer (a stuck
+# 0.5B trial scored 1.0 on a count from the "4" of that notice).
+NOT_ANSWERED: Final = frozenset({"stuck", "budget_exceeded", "max_steps", "compaction_failed"})
 _NUMBER_RE: Final = re.compile(r"-?\d+(?:\.\d+)?")
 _PAIR_RE: Final = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
 _STRIP: Final = " \t\n.,;:!?\"'`*_()[]"
@@ -127,6 +131,8 @@ def score(
             return 1.0 if stop_reason == GATE_PASSED else 0.0
         case "timed":
             return timed.score if stop_reason == GATE_PASSED and timed is not None else 0.0
+        case _ if stop_reason in NOT_ANSWERED:
+            return 0.0
         case "contains":
             return _contains(answer, str(task.expected))
         case "numeric":

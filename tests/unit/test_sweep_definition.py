@@ -127,6 +127,11 @@ def test_scoring_rules() -> None:
     assert score(_task("numeric", 10), "There are 10 records.") == 1.0
     assert score(_task("numeric", 10), "I count 12") == pytest.approx(0.75**2)
     assert score(_task("numeric", 10), "no idea") == 0.0
+    # A turn that stopped without an answer scores 0, whatever numbers its notice holds.
+    notice = "stopped: 10 identical cells in a row (the model is stuck in a loop)"
+    assert score(_task("numeric", 10), notice, "stuck") == 0.0
+    assert score(_task("numeric", 10), "token budget of 10 spent", "budget_exceeded") == 0.0
+    assert score(_task("numeric", 10), "There are 10 records.", "completed") == 1.0
     assert score(_task("exact", "billing"), "**Billing**") == 1.0
     assert score(_task("exact", "billing"), "Let me think.\nAnswer: billing.") == 1.0
     assert score(_task("exact", "billing"), "billing or shipping") == 0.0
