@@ -22,7 +22,10 @@ __all__ = [
     "names_a_remote_model",
 ]
 
-EMBEDDED_MODEL_NAME: Final = "local/qwen2.5-coder-0.5b"
+# The configured embedded model (``[embedded] variant``, 1.5B by default). Sessions stored before
+# 1.5B became the default name it ``local/qwen2.5-coder-0.5b``: an alias of the same.
+EMBEDDED_MODEL_NAME: Final = "local/qwen2.5-coder"
+_EMBEDDED_FORMER_NAME: Final = "local/qwen2.5-coder-0.5b"
 # One embedded variant by name, whatever ``[embedded] variant`` says: a sweep crosses both
 # (docs/embedded-model.md, "Sweeping the embedded model"). The daemon serves each it is asked for.
 EMBEDDED_VARIANT_NAMES: Final[Mapping[str, Literal["0.5b", "1.5b"]]] = {
@@ -30,7 +33,7 @@ EMBEDDED_VARIANT_NAMES: Final[Mapping[str, Literal["0.5b", "1.5b"]]] = {
     "embedded/1.5b": "1.5b",
 }
 EMBEDDED_ALIASES: Final = frozenset(
-    {"local", "embedded", EMBEDDED_MODEL_NAME, *EMBEDDED_VARIANT_NAMES}
+    {"local", "embedded", EMBEDDED_MODEL_NAME, _EMBEDDED_FORMER_NAME, *EMBEDDED_VARIANT_NAMES}
 )
 OPENAI_BASE_URL_ENV: Final = "OPENAI_BASE_URL"
 _OPENAI_PROVIDER: Final = "openai"

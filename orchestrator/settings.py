@@ -181,7 +181,9 @@ class ModelConfig(_Strict):
 class EmbeddedSettings(_Strict):
     threads: int = Field(default_factory=lambda: max(1, min(2, os.cpu_count() or 1)), ge=1)
     context_tokens: int = Field(default=EMBEDDED_CONTEXT_TOKENS, ge=512)
-    variant: EmbeddedVariant = "0.5b"
+    # 1.5B: the only variant that solved a real small task (a number in a 2,000-line file);
+    # docs/embedded-model.md, "Which embedded variant".
+    variant: EmbeddedVariant = "1.5b"
 
 
 class SandboxSettings(_Strict):

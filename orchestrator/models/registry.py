@@ -132,7 +132,7 @@ def _embedded(
         if cfg is not None and "tool_protocol" in cfg.model_fields_set:
             tool_protocol = cfg.tool_protocol
     if variant is None:
-        selector, name = EMBEDDED_MODEL_NAME, EMBEDDED_MODEL_NAME.split("/", 1)[1]
+        selector, name = EMBEDDED_MODEL_NAME, f"qwen2.5-coder-{settings.embedded.variant}"
     else:
         selector, name = chosen, f"qwen2.5-coder-{variant}"
     return ResolvedModel(

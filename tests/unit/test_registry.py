@@ -5,12 +5,16 @@ import pytest
 from orchestrator.errors import MissingCredentials, ModelNotFound
 from orchestrator.models.cost import call_cost
 from orchestrator.models.registry import DUMMY_API_KEY, resolve_model
-from orchestrator.settings import EMBEDDED_MODEL_NAME, ModelConfig, Settings
+from orchestrator.settings import EMBEDDED_MODEL_NAME, EmbeddedSettings, ModelConfig, Settings
 
 
 def test_default_is_the_embedded_model_with_fenced_protocol() -> None:
     m = resolve_model(None, Settings(), env={})
     assert m.embedded and m.selector == EMBEDDED_MODEL_NAME
+    # 1.5B by default (docs/embedded-model.md, "Which embedded variant").
+    assert m.name == "qwen2.5-coder-1.5b" and Settings().embedded.variant == "1.5b"
+    # The name sessions stored before 1.5B became the default still means the embedded model.
+    assert resolve_model("local/qwen2.5-coder-0.5b", Settings(), env={}).embedded
     assert m.tool_protocol == "fenced"
     assert call_cost(m, input=1000, output=1000, cache_read=0, cache_write=0) == 0.0
 
@@ -92,7 +96,7 @@ def test_known_price_from_litellm_bundled_map() -> None:
 def test_embedded_variant_names_pin_the_variant_and_keep_it_when_stored() -> None:
     from orchestrator.models.registry import resolve_stored, stored_model
 
-    settings = Settings()  # [embedded] variant = "0.5b"
+    settings = Settings(embedded=EmbeddedSettings(variant="0.5b"))
     large = resolve_model("embedded/1.5b", settings, env={})
     assert large.embedded and large.embedded_variant == "1.5b"
     assert (large.selector, large.tool_protocol, large.api_key_env) == (
@@ -100,7 +104,8 @@ def test_embedded_variant_names_pin_the_variant_and_keep_it_when_stored() -> Non
         "fenced",
         None,
     )
-    assert resolve_model(None, settings, env={}).embedded_variant is None  # the configured one
+    configured = resolve_model(None, settings, env={})  # the configured variant, named so
+    assert (configured.embedded_variant, configured.name) == (None, "qwen2.5-coder-0.5b")
     again = resolve_stored(stored_model(large), settings, env={})
     assert (again.embedded_variant, again.selector, again.tool_protocol) == (
         "1.5b",
