@@ -70,14 +70,13 @@ for i, line in enumerate(open("notes.txt").read().splitlines()):
         print(i, line)
 ```
 
-Example: fix a bug. Read the file, change the file on disk (a function defined in the \
-session does not change the file the tests import), then run the tests.
+Example: fix a bug. Read the file, change the file on disk with edit(path, old, new) (a \
+function defined in the session does not change the file the tests import), then run the tests.
 ```python
 print(open("calc.py").read())
 ```
 ```python
-text = open("calc.py").read().replace("return a - b", "return a + b")
-open("calc.py", "w").write(text)
+edit("calc.py", "return a - b", "return a + b")
 !python -m pytest -q
 ```
 

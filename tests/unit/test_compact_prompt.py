@@ -15,10 +15,13 @@ from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
 FACTS = EnvironmentFacts(cwd="/w", model="m", backend="local", today="2026-01-01")
 # A fenced model's context is small (the embedded one's default window is 8192 tokens).
 COMPACT_MAX_CHARS = 1400
+# The sandbox kernel's shell: IPython with the runtime's extension (``edit`` and the helpers).
 RUN_CELL = (
     "import sys\n"
     "from IPython.core.interactiveshell import InteractiveShell\n"
-    "result = InteractiveShell.instance().run_cell(sys.stdin.read())\n"
+    "shell = InteractiveShell.instance()\n"
+    "shell.extension_manager.load_extension('orchestrator.runtime')\n"
+    "result = shell.run_cell(sys.stdin.read())\n"
     "sys.exit(0 if result.success else 1)\n"
 )
 BUGGY_CALC = "def add(a, b):\n    return a - b\n"
@@ -39,8 +42,8 @@ def _blocks(prompt: str) -> list[str]:
 
 
 def _run_cell(code: str, cwd: Path) -> str:
-    """One block as the sandbox's IPython kernel runs it (``!`` lines included), with this
-    interpreter first on PATH as the sandbox's is (its ``python`` has pytest)."""
+    """One block as the sandbox's IPython kernel runs it (``!`` lines and ``edit`` included),
+    with this interpreter first on PATH as the sandbox's is (its ``python`` has pytest)."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     done = subprocess.run(
         [sys.executable, "-c", RUN_CELL],
@@ -60,7 +63,7 @@ def test_compact_prompt_says_run_code_before_answering_and_edit_the_file() -> No
     compact = _compact()
     assert "Never guess" in compact
     assert "Run code first, then answer from its output" in compact
-    assert "Change the file on disk" in compact or "change the file on disk" in compact
+    assert "change the file on disk with edit(path, old, new)" in compact
     assert "a function defined in the session does not change the file" in compact
     assert "run the tests" in compact
     assert "If an error repeats, read the file again" in compact
