@@ -27,7 +27,7 @@ __all__ = [
 EMBEDDED_MODEL_NAME: Final = "local/qwen2.5-coder"
 _EMBEDDED_FORMER_NAME: Final = "local/qwen2.5-coder-0.5b"
 # One embedded variant by name, whatever ``[embedded] variant`` says: a sweep crosses both
-# (docs/embedded-model.md, "Sweeping the embedded model"). The daemon serves each it is asked for.
+# (docs/embedded-model.md, "Naming a variant"). The daemon serves each it is asked for.
 EMBEDDED_VARIANT_NAMES: Final[Mapping[str, Literal["0.5b", "1.5b"]]] = {
     "embedded/0.5b": "0.5b",
     "embedded/1.5b": "1.5b",
