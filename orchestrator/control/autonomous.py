@@ -15,8 +15,10 @@ which counts the turn and its tokens and returns a decision:
 The rules, in order:
 
 1. A turn that ended with a model error (outcome ``error``, ``budget_exceeded``,
-   ``compaction_failed``) stops with ``model_error``; an aborted turn with ``aborted``; a
-   turn that stopped ``stuck`` (the model repeated one call) with ``stuck``.
+   ``compaction_failed``) stops with ``model_error``; an aborted turn with ``aborted``. A
+   turn that stopped ``stuck`` (the model repeated one call) runs the gates once: every gate
+   passed stops with ``gate_passed`` (the work was done before the loop), anything else with
+   ``stuck`` (no continuation: it would only repeat the loop).
 2. With gates, they run in order (``run_gate``: in the session's sandbox, with the session's
    workspace as working directory, ``gate_timeout_s`` each) and the first failure ends the
    pass; each run is a ``gate_result`` event. Every gate passed: stop with ``gate_passed``,
@@ -342,7 +344,15 @@ class Autonomy:
         if outcome in ABORTED_OUTCOMES:
             return Stop("aborted", "the turn was aborted")
         if outcome == STUCK_OUTCOME:  # continuing would only repeat the loop
-            return Stop("stuck", "the model repeated the same call until the turn stopped")
+            stuck = Stop("stuck", "the model repeated the same call until the turn stopped")
+            if not run.policy.gates:
+                return stuck
+            # The work may be done all the same (a small model that fixed the file and then
+            # kept quoting its fix): the gates decide once, and nothing continues the loop.
+            checked = await self._gate_pass(target, run)
+            return (
+                checked if isinstance(checked, Stop) and checked.reason == "gate_passed" else stuck
+            )
         if run.policy.gates:
             return await self._gate_pass(target, run)
         limit = self._limit(run)

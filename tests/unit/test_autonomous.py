@@ -436,7 +436,6 @@ async def test_limits_are_checked_turns_then_tokens_then_time(
         ("budget_exceeded", "model_error", 1),
         ("compaction_failed", "model_error", 1),
         ("aborted", "aborted", 130),
-        ("stuck", "stuck", 7),
     ],
 )
 async def test_a_failed_turn_stops_the_run(
@@ -454,6 +453,33 @@ async def test_a_failed_turn_stops_the_run(
     assert stop["gates"] == [
         {"command": GATE, "status": "not_run", "attempts": 0, "exit_code": None}
     ]
+
+
+@pytest.mark.parametrize(("gate_exit", "reason", "code"), [(0, "gate_passed", 0), (1, "stuck", 7)])
+async def test_a_stuck_turn_runs_the_gates_once_and_stops(
+    store: Store, tmp_path: Path, clock: Clock, gate_exit: int, reason: str, code: int
+) -> None:
+    # A small model fixed the file, then kept quoting its fix until the guard stopped the
+    # turn: the gates say whether the work is done; a stuck run never continues.
+    script: list[dict[str, Any] | CellResult] = [report(gate_exit, "output")]
+    policy = AutonomousPolicy(gates=[GATE])
+    autonomy, target = await setup(store, tmp_path, clock, policy, script=script)
+    await play_turn(store, target.session_id, reason="stuck")
+    decision = await autonomy.after_turn(target, "stuck")
+    assert isinstance(decision, Stop)
+    assert (decision.reason, decision.exit_code) == (reason, code)
+    assert len(target.box.cells) == 1
+    [stop] = await events_of(store, target.session_id, "autonomous_stop")
+    assert stop["reason"] == reason
+
+
+async def test_a_stuck_turn_without_gates_stops_stuck(
+    store: Store, tmp_path: Path, clock: Clock
+) -> None:
+    autonomy, target = await setup(store, tmp_path, clock, AutonomousPolicy())
+    await play_turn(store, target.session_id, reason="stuck")
+    decision = await autonomy.after_turn(target, "stuck")
+    assert isinstance(decision, Stop) and decision.reason == "stuck"
 
 
 # --- gates -----------------------------------------------------------------------------------
