@@ -1,20 +1,23 @@
 """``--mode acp`` and ``--mode rpc``: their command lines, turned into the options of the ACP
-agent (``acp_mode.py``) and of the RPC server (``rpc_mode.py``). ACP takes
+agent (``acp_mode.py``) and of the RPC server (``rpc_mode.py``). Both take
 ``--model`` / ``--api-base``, or ``--provider NAME --model ID`` from Prime Agent's models.json;
 ``--daemon-socket``; ``--max-turns``, ``--system-prompt``, ``--append-system-prompt``;
-``--autonomous`` (and its gates and limits); ``--offline`` / ``--network``; ``--skill``.
+``--autonomous`` (ACP; its gates and limits); ``--cwd`` (RPC: ACP takes the client's);
+``--skill`` (accepted, said not to be added). ``--offline`` changes nothing: sandboxes have no
+network unless a session asks for one.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.controls import Controls
 from orchestrator.cli.session_choices import SessionChoices
 
-__all__ = ["run_acp", "run_rpc"]
+__all__ = ["ProtocolRun", "run_protocol"]
 
 
 def _model_choice(
@@ -43,64 +46,58 @@ def _model_choice(
     return model, None, {n: os.environ[n] for n in sorted(names) if os.environ.get(n)}
 
 
-def run_rpc(
-    *,
-    cwd: Path | None,
-    model: str | None,
-    api_base: str | None,
-    provider: str | None,
-    daemon_socket: str | None,
-    choices: SessionChoices,
-) -> int:
-    from orchestrator.cli.rpc_mode import RpcOptions, serve_rpc
-    from orchestrator.errors import UserError
+@dataclass(frozen=True)
+class ProtocolRun:
+    """What ``--mode acp`` / ``--mode rpc`` were given on the command line."""
 
-    workdir = (cwd or Path.cwd()).expanduser()
-    if not workdir.is_dir():
-        raise UserError(f"--cwd {workdir} is not a directory")
-    settings: dict[str, Any] = dict(choices.fields())
-    model, chosen_base, client_env = _model_choice(model, provider, settings)
-    options = RpcOptions(
-        cwd=str(workdir.resolve()),
-        model=model,
-        api_base=chosen_base or api_base,
-        socket_path=daemon_socket,
-        settings=settings or None,
-        client_env=client_env,
-    )
-    return serve_rpc(options)
+    mode: str  # "acp" or "rpc"
+    cwd: Path | None
+    model: str | None
+    api_base: str | None
+    provider: str | None
+    daemon_socket: str | None
+    skills: tuple[str, ...]
+    choices: SessionChoices
+    controls: Controls
 
 
-def run_acp(
-    *,
-    model: str | None,
-    api_base: str | None,
-    provider: str | None,
-    daemon_socket: str | None,
-    network: bool,
-    skills: list[str],
-    choices: SessionChoices,
-    controls: Controls,
-) -> int:
-    from orchestrator.cli.acp_mode import AcpOptions, serve
-
-    settings: dict[str, Any] = dict(choices.fields())
-    model, chosen_base, client_env = _model_choice(model, provider, settings)
-    api_base = chosen_base or api_base
-    if skills:
+def run_protocol(run: ProtocolRun) -> int:
+    """Serve the protocol on stdio until the client closes it; the exit code."""
+    settings: dict[str, Any] = dict(run.choices.fields())
+    model, chosen_base, client_env = _model_choice(run.model, run.provider, settings)
+    api_base = chosen_base or run.api_base
+    if run.skills:
         print(
             "prime-agent: note: --skill is accepted but skills come from the harness's skill "
             "directories (docs/harness.md); these were not added",
             file=sys.stderr,
         )
-    if network:
-        print("prime-agent: note: --network is not passed to ACP sessions", file=sys.stderr)
-    options = AcpOptions(
-        model=model,
-        api_base=api_base,
-        socket_path=daemon_socket,
-        settings=settings or None,
-        autonomous=controls.autonomous,
-        client_env=client_env,
+    if run.mode == "rpc":
+        from orchestrator.cli.rpc_mode import RpcOptions, serve_rpc
+        from orchestrator.errors import UserError
+
+        workdir = (run.cwd or Path.cwd()).expanduser()
+        if not workdir.is_dir():
+            raise UserError(f"--cwd {workdir} is not a directory")
+        return serve_rpc(
+            RpcOptions(
+                cwd=str(workdir.resolve()),
+                model=model,
+                api_base=api_base,
+                socket_path=run.daemon_socket,
+                settings=settings or None,
+                client_env=client_env,
+            )
+        )
+    from orchestrator.cli.acp_mode import AcpOptions, serve
+
+    return serve(
+        AcpOptions(
+            model=model,
+            api_base=api_base,
+            socket_path=run.daemon_socket,
+            settings=settings or None,
+            autonomous=run.controls.autonomous,
+            client_env=client_env,
+        )
     )
-    return serve(options)

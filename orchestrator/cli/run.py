@@ -164,7 +164,7 @@ def run(
     ] = None,
     offline: Annotated[
         bool,
-        typer.Option("--offline", help="No network for the sandboxes (the default here)."),
+        typer.Option("--offline", help="No network for the sandboxes (the default already)."),
     ] = False,
     skills: Annotated[
         list[str] | None,
@@ -172,53 +172,35 @@ def run(
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
-    if mode is Mode.rpc:  # stdin is the protocol's: read nothing from it here
-        from orchestrator.cli.acp_run import run_rpc
+    choices = guarded(
+        lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
+        debug=debug,
+    )
+    controls = guarded(
+        lambda: controls_from_flags(
+            autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
+        ),
+        debug=debug,
+    )
+    if mode in (Mode.acp, Mode.rpc):  # stdin is the protocol's: read nothing from it here
+        from orchestrator.cli.acp_run import ProtocolRun, run_protocol
 
-        rpc_choices = guarded(
-            lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
-            debug=debug,
+        protocol_run = ProtocolRun(
+            mode=mode.value,
+            cwd=cwd,
+            model=model,
+            api_base=api_base,
+            provider=provider,
+            daemon_socket=daemon_socket,
+            skills=tuple(skills or ()),
+            choices=choices,
+            controls=controls,
         )
-        raise SystemExit(
-            guarded(
-                lambda: run_rpc(
-                    cwd=cwd,
-                    model=model,
-                    api_base=api_base,
-                    provider=provider,
-                    daemon_socket=daemon_socket,
-                    choices=rpc_choices,
-                ),
-                debug=debug,
-            )
-        )
-    if mode is Mode.acp:  # stdin is the protocol's: read nothing from it here
-        from orchestrator.cli.acp_run import run_acp
-
-        acp_choices = guarded(
-            lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
-            debug=debug,
-        )
-        acp_controls = guarded(
-            lambda: controls_from_flags(
-                autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
-            ),
-            debug=debug,
-        )
-        raise SystemExit(
-            guarded(
-                lambda: run_acp(
-                    model=model,
-                    api_base=api_base,
-                    provider=provider,
-                    daemon_socket=daemon_socket,
-                    network=network and not offline,
-                    skills=skills or [],
-                    choices=acp_choices,
-                    controls=acp_controls,
-                ),
-                debug=debug,
-            )
+        raise SystemExit(guarded(lambda: run_protocol(protocol_run), debug=debug))
+    if provider is not None or daemon_socket is not None or skills:
+        fail(
+            "--provider, --daemon-socket and --skill are for --mode acp and --mode rpc; "
+            "for a run, use --model openai/ID --api-base URL"
         )
     text = " ".join(task or []).strip()
     piped = read_stdin()
@@ -233,16 +215,6 @@ def run(
         if text:  # a follow-up run (without a task it attaches: Ctrl-C detaches there)
             install_handlers()
         raise SystemExit(guarded(lambda: resume_session(request), debug=debug))
-    choices = guarded(
-        lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
-        debug=debug,
-    )
-    controls = guarded(
-        lambda: controls_from_flags(
-            autonomous, gates, max_turns, max_tokens, timeout_ms, goal, goal_budget
-        ),
-        debug=debug,
-    )
     if not text and controls.goal is None:
         if sys.stdin is not None and sys.stdin.isatty() and not print_mode:
             from orchestrator.cli.tui_cmd import open_tui

@@ -42,7 +42,7 @@ from typing import Any, Final
 from orchestrator.errors import UserError
 from orchestrator.sandbox.docker_user import SANDBOX_UID
 from orchestrator.sandbox.images import SESSION_IMAGE, SOURCE_HASH_LABEL, docker_client
-from orchestrator.sweeps.suites.harbor import TEST_SCRIPT, HarborSpec
+from orchestrator.sweeps.suites.harbor import TEST_SCRIPT, HarborSpec, directory_hash
 
 __all__ = [
     "HARBOR_IMAGE_PREFIX",
@@ -119,15 +119,6 @@ def base_images(dockerfile: str) -> list[str]:
     return bases
 
 
-def _dir_hash(directory: Path) -> str:
-    digest = hashlib.sha256()
-    if directory.is_dir():
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
 def _slug(name: str) -> str:
     slug = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")
     return (slug or "task")[:_TAG_NAME_MAX]
@@ -187,7 +178,7 @@ def prepare_environment(spec: HarborSpec) -> Environment:
                     f"its base image {base} is not here (no registry is used): "
                     "docker load or build it first"
                 )
-        key = f"build:{_dir_hash(spec.environment)}"
+        key = f"build:{directory_hash(spec.environment)}"
         env_image = ""
     digest = hashlib.sha256(f"{key}\0{session_id}".encode()).hexdigest()[:_TAG_HASH_CHARS]
     tag = f"{HARBOR_IMAGE_PREFIX}{name}:{digest}"

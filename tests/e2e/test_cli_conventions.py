@@ -97,3 +97,10 @@ def test_an_empty_system_prompt_is_one_line() -> None:
     refused = cli(["-p", "hi", "--system-prompt", "  ", "--model", "openai/x"])
     assert refused.returncode == 2
     assert refused.stderr.strip() == "prime-agent: error: --system-prompt is empty"
+
+
+def test_the_protocol_only_flags_are_refused_in_a_plain_run_not_ignored() -> None:
+    refused = cli(["-p", "hi", "--provider", "local", "--model", "qwen"])
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1
+    assert "--provider, --daemon-socket and --skill are for --mode acp" in refused.stderr

@@ -32,6 +32,7 @@ __all__ = [
     "SUITE",
     "VERIFIER_TIMEOUT_DEFAULT_S",
     "HarborSpec",
+    "directory_hash",
     "generate",
     "harbor_spec",
     "load_task_dir",
@@ -94,7 +95,7 @@ def _table(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
     return table
 
 
-def _content_hash(directory: Path) -> str:
+def directory_hash(directory: Path) -> str:
     """Every file's path and bytes, in a stable order."""
     digest = hashlib.sha256()
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
@@ -162,7 +163,7 @@ def load_task_dir(directory: Path) -> Task:
         context="",
         expected=None,
         scoring="verifier",
-        params={"harbor": _spec_params(spec), "content": _content_hash(directory)},
+        params={"harbor": _spec_params(spec), "content": directory_hash(directory)},
         source=where,
     )
 
