@@ -643,7 +643,13 @@ class LocalBackend(SandboxBackend):
             raise
         if early is not None:
             sandbox.recorder = self
-            await self._report_up(sandbox.ref)
+            try:
+                await self._report_up(sandbox.ref)
+            except BaseException:
+                # Cancelled while its record was written (a warm pool closed at shutdown): the
+                # sandbox is running and nobody else holds it, so it stops here or nowhere.
+                await asyncio.shield(sandbox.stop())
+                raise
         ready = time.monotonic()
         log.info(
             "local sandbox %s%s: gateway %.0f ms, kernel %.0f ms",

@@ -21,7 +21,7 @@ import pytest
 import pytest_asyncio
 
 from orchestrator.errors import SandboxError
-from orchestrator.sandbox.base import CellResult, SandboxSpec
+from orchestrator.sandbox.base import CellResult, SandboxRef, SandboxSpec
 from orchestrator.sandbox.local import LocalBackend, LocalSandbox
 from orchestrator.sandbox.output import ARTIFACT_SUBDIR
 
@@ -414,7 +414,7 @@ async def test_stop_leaves_no_process(backend: LocalBackend, tmp_path: Path) -> 
 _ORPHAN_SCRIPT = """
 import asyncio, json, sys
 from pathlib import Path
-from orchestrator.sandbox.base import CellResult, SandboxSpec
+from orchestrator.sandbox.base import CellResult, SandboxRef, SandboxSpec
 from orchestrator.sandbox.local import LocalBackend
 
 async def main():
@@ -473,5 +473,46 @@ async def test_warm_pool_acquire_returns_ready_sandbox(tmp_path: Path) -> None:
         cold = await backend.create(_spec(tmp_path, "cold", die_with_parent=False))
         assert backend.pool.statistics().misses == 1
         assert (await run(cold, "1 + 1")).result == "2"
+    finally:
+        await backend.close()
+
+
+class _RecordThatHangs:
+    """A listener whose record of a READY sandbox (kernel id set) never finishes: the moment a
+    warm pool closed at shutdown cancels its filler."""
+
+    def __init__(self) -> None:
+        self.refs: list[SandboxRef] = []
+        self.hanging = asyncio.Event()
+
+    async def sandbox_up(self, ref: SandboxRef) -> None:
+        self.refs.append(ref)
+        if ref.kernel_id:
+            self.hanging.set()
+            await asyncio.Event().wait()
+
+    async def sandbox_down(self, ref: SandboxRef) -> None:
+        return None
+
+
+async def test_a_start_cancelled_while_its_record_is_written_stops_its_gateway(
+    tmp_path: Path,
+) -> None:
+    # Was: the last record sat outside the start's cleanup, so a cancel there left a
+    # running gateway nobody held (seen as a gateway alive after `daemon stop`).
+    backend = LocalBackend(pool_size=0, interrupt_grace_s=GRACE_S)
+    listener = _RecordThatHangs()
+    backend.listener = listener
+    start = asyncio.ensure_future(backend.create(_spec(tmp_path, "hang", die_with_parent=False)))
+    try:
+        async with asyncio.timeout(60):
+            await listener.hanging.wait()
+        gateway = int(listener.refs[0].ref)
+        assert _alive(gateway)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert await _wait_gone([gateway]) == []
+        assert not Path(listener.refs[0].runtime_dir).exists()
     finally:
         await backend.close()
