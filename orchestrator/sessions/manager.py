@@ -498,7 +498,8 @@ class Orchestrator:
             ]
             if not missing:
                 return
-            summaries = await self.store.usage_summary([r.id for r in missing])
+            # Calls an imported file brought were another installation's: never this budget's.
+            summaries = await self.store.usage_summary([r.id for r in missing], imported=False)
             usage = {u.session_id: u for u in summaries}
             for rec in missing:  # parents first (ordered by depth): children link to them
                 u = usage.get(rec.id)
