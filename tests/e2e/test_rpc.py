@@ -96,6 +96,15 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
         assert (answer["id"], answer["success"]) == ("req-1", True)
         end = await rpc.read_until(lambda x: x["type"] == "agent_end")
         events = [x["type"] for x in rpc.lines if x["type"] != "response"]
+        # The answer's text streamed as it was written: text_start, its deltas, text_end.
+        updates = [x["assistantMessageEvent"] for x in rpc.lines if x["type"] == "message_update"]
+        kinds = [u["type"] for u in updates]
+        assert kinds[0] == "text_start" and kinds[-1] == "text_end" and len(kinds) > 3
+        assert set(kinds[1:-1]) == {"text_delta"}
+        streamed = "".join(u["delta"] for u in updates if u["type"] == "text_delta")
+        assert streamed == updates[-1]["content"] == "The answer is 42."
+        assert updates[-1]["partial"]["content"] == [{"type": "text", "text": streamed}]
+        events = [e for i, e in enumerate(events) if e != "message_update" or events[i - 1] != e]
         assert events == [
             "agent_start",
             "turn_start",
@@ -106,7 +115,7 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
             "tool_execution_end",
             "turn_end",
             "turn_start",
-            "message_start", "message_end",  # the answer
+            "message_start", "message_update", "message_end",  # the answer, streamed
             "turn_end",
             "agent_end",
         ]  # fmt: skip
