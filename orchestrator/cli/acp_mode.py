@@ -66,6 +66,12 @@ _AUTONOMOUS_STOPS: Final = {
 }
 _FAILED: Final = frozenset({"error", "model_error", "compaction_failed"})
 _CHILD_DONE: Final = {"completed": "done", "aborted": "cancelled", "error": "error"}
+# The daemon's streamed pieces of a reply, as the session updates they become.
+_CHUNK_OF_DELTA: Final = {
+    "text_delta": "agent_message_chunk",
+    "thinking_delta": "agent_thought_chunk",
+}
+_STREAMED_UPDATES: Final = frozenset(_CHUNK_OF_DELTA.values())
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,8 @@ class PrimeAgentAcp:
         self._cells: dict[str, str] = {}
         self._last_error: str | None = None
         self._root_seq = 0  # the newest root event handled
-        self._held_deltas: list[tuple[int, str]] = []  # (after, text) until that event is out
+        # (after, text, update kind) until that event is out
+        self._held_deltas: list[tuple[int, str, str]] = []
         self._streamed_after: set[int] = set()  # the `after` of each delta sent
 
     def on_connect(self, conn: Any) -> None:
@@ -359,18 +366,19 @@ class PrimeAgentAcp:
         durable event it follows (deltas travel apart from events, and may overtake the last
         one), and the stored reply then sends no second copy of its text."""
         text = delta.event.get("delta")
-        if delta.event.get("type") != "text_delta" or not isinstance(text, str) or not text:
+        kind = _CHUNK_OF_DELTA.get(str(delta.event.get("type")))
+        if kind is None or not isinstance(text, str) or not text:
             return
         after = delta.after or 0
         if after > self._root_seq:  # the event it follows has not been handled yet
-            self._held_deltas.append((after, text))
+            self._held_deltas.append((after, text, kind))
             return
-        await self._publish_delta(after, text)
+        await self._publish_delta(after, text, kind)
 
-    async def _publish_delta(self, after: int, text: str) -> None:
+    async def _publish_delta(self, after: int, text: str, kind: str) -> None:
         assert self._producer is not None
         self._streamed_after.add(after)
-        chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+        chunk = {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
         await self._producer.publish(chunk, self._current_turn())
 
     async def _root_event(self, event: Mapping[str, Any]) -> None:
@@ -383,8 +391,8 @@ class PrimeAgentAcp:
             streamed = any(after < seq for after in self._streamed_after)
             self._streamed_after = {after for after in self._streamed_after if after >= seq}
         for update in updates_for_event(event, self._cells):
-            if streamed and update["sessionUpdate"] == "agent_message_chunk":
-                continue  # its text went out as deltas
+            if streamed and update["sessionUpdate"] in _STREAMED_UPDATES:
+                continue  # its text (and thinking) went out as deltas
             await self._producer.publish(update, self._current_turn())
         self._root_seq = max(self._root_seq, seq)
         while self._held_deltas and self._held_deltas[0][0] <= self._root_seq:

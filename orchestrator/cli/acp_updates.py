@@ -100,6 +100,9 @@ def updates_for_event(event: Mapping[str, Any], cells: dict[str, str]) -> list[d
         return []
     if kind == "assistant_message":
         found: list[dict[str, Any]] = []
+        thinking = str(payload.get("thinking") or "")
+        if thinking:  # the model's reasoning, before what it said
+            found.append({"sessionUpdate": "agent_thought_chunk", "content": _text(thinking)})
         text = str(payload.get("text") or "")
         if text:  # with the fenced protocol, the prose around the code block
             found.append({"sessionUpdate": "agent_message_chunk", "content": _text(text)})

@@ -11,8 +11,9 @@ the current directory; ``new_session``, ``fork`` and ``clone`` switch to another
 events become the reference's: ``agent_start`` when a prompt starts a run, ``turn_start`` /
 ``turn_end`` (one assistant reply and its tool results), ``message_start`` / ``message_end``
 (pi ``AgentMessage``s, as session files hold them) with ``message_update`` between them while
-the model writes a reply's text (``text_start``, ``text_delta``..., ``text_end``, from the
-daemon's transient text deltas; a reply whose deltas were lost is sent whole),
+the model writes a reply (``thinking_start`` / ``_delta`` / ``_end`` for its reasoning, then
+``text_start``, ``text_delta``..., ``text_end``, from the daemon's transient deltas; a reply
+whose deltas were lost is sent whole),
 ``tool_execution_start`` / ``_end``, ``compaction_start`` / ``_end``, ``auto_retry_start`` /
 ``_end``, and ``agent_end`` with the run's messages when it ends.
 """
@@ -41,6 +42,8 @@ CARRIAGE_RETURN: Final = b"\r"
 MS_PER_S: Final = 1000
 _STREAMING: Final = frozenset({"steer", "followUp"})
 _RUN_ENDS: Final = frozenset({"turn_end", "aborted"})
+# The daemon's streamed pieces of a reply, as the content blocks they grow.
+_BLOCK_OF_DELTA: Final = {"text_delta": "text", "thinking_delta": "thinking"}
 
 
 @dataclass(frozen=True)
@@ -88,10 +91,11 @@ class RpcServer:
         self._pending_calls: set[str] = set()
         self._compacting = False
         self._last_retry = 0
-        # The reply being written: its text so far, streamed as message_update (None: none).
-        self._partial: str | None = None
+        # The reply being written: its blocks so far (thinking, text), streamed as
+        # message_update (None: no reply is being streamed).
+        self._partial: list[dict[str, str]] | None = None
         self._seq = 0  # the newest durable event handled: deltas that follow a later one wait
-        self._held_deltas: list[tuple[int, str]] = []  # (after, text)
+        self._held_deltas: list[tuple[int, str, str]] = []  # (after, block kind, text)
         self._pump: asyncio.Task[None] | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "prompt": self._prompt,
@@ -199,32 +203,48 @@ class RpcServer:
         await self._on_event(event)
         self._seq = max(self._seq, int(event.get("seq") or 0))
         while self._held_deltas and self._held_deltas[0][0] <= self._seq:
-            await self._stream_text(self._held_deltas.pop(0)[1])
+            _, kind, text = self._held_deltas.pop(0)
+            await self._stream(kind, text)
 
     async def _on_delta(self, item: Stream) -> None:
-        """A piece of the reply's text, as the model writes it; it waits for the durable event
-        it follows (deltas travel apart from events and may overtake it)."""
+        """A piece of the reply (its thinking or its text) as the model writes it; it waits
+        for the durable event it follows (deltas travel apart from events, may overtake it)."""
         text = item.event.get("delta")
-        if item.event.get("type") != "text_delta" or not isinstance(text, str) or not text:
+        kind = _BLOCK_OF_DELTA.get(str(item.event.get("type")))
+        if kind is None or not isinstance(text, str) or not text:
             return
         after = item.after or 0
         if after > self._seq:
-            self._held_deltas.append((after, text))
+            self._held_deltas.append((after, kind, text))
             return
-        await self._stream_text(text)
+        await self._stream(kind, text)
 
-    async def _stream_text(self, delta: str) -> None:
+    async def _stream(self, kind: str, delta: str) -> None:
+        """``kind``'s block grows by ``delta``; a new kind ends the block before it."""
         if self._partial is None:
             if not self._turn_open:
                 await self._open_turn()
-            self._partial = ""
-            await self.emit({"type": "message_start", "message": _partial_reply("")})
-            await self._update({"type": "text_start", "contentIndex": 0})
-        self._partial += delta
-        await self._update({"type": "text_delta", "contentIndex": 0, "delta": delta})
+            self._partial = []
+            await self.emit({"type": "message_start", "message": _partial_reply([])})
+        blocks = self._partial
+        if not blocks or blocks[-1]["type"] != kind:
+            if blocks:
+                await self._end_block()
+            blocks.append({"type": kind, kind: ""})
+            await self._update({"type": f"{kind}_start", "contentIndex": len(blocks) - 1})
+        blocks[-1][kind] += delta
+        index = len(blocks) - 1
+        await self._update({"type": f"{kind}_delta", "contentIndex": index, "delta": delta})
+
+    async def _end_block(self) -> None:
+        assert self._partial
+        block = self._partial[-1]
+        kind = block["type"]
+        index = len(self._partial) - 1
+        await self._update({"type": f"{kind}_end", "contentIndex": index, "content": block[kind]})
 
     async def _update(self, event: dict[str, Any]) -> None:
-        partial = _partial_reply(self._partial or "")
+        partial = _partial_reply(self._partial or [])
         await self.emit(
             {
                 "type": "message_update",
@@ -249,8 +269,8 @@ class RpcServer:
             self.messages.append(message)
             self._run_messages.append(message)
             if kind == "assistant_message" and self._partial is not None:  # it was streamed
-                text = self._partial
-                await self._update({"type": "text_end", "contentIndex": 0, "content": text})
+                if self._partial:
+                    await self._end_block()
                 self._partial = None
             else:
                 await self.emit({"type": "message_start", "message": message})
@@ -513,9 +533,9 @@ class RpcRefused(Exception):
     """A command refused before it reached the daemon (its response carries this text)."""
 
 
-def _partial_reply(text: str) -> dict[str, Any]:
-    """The assistant message being written, as far as it goes (its text only)."""
-    return {"role": "assistant", "content": [{"type": "text", "text": text}]}
+def _partial_reply(blocks: list[dict[str, str]]) -> dict[str, Any]:
+    """The assistant message being written, as far as it goes (its thinking and text)."""
+    return {"role": "assistant", "content": [dict(block) for block in blocks]}
 
 
 def _response(

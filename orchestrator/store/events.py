@@ -117,6 +117,9 @@ class AssistantMessagePayload(_Payload):
     usage: UsagePayload | None = None
     # Fenced-code protocol: the code block was taken from ``text`` (no native tool call).
     fenced: bool = False
+    # The model's reasoning before this reply, when its provider streams it (never sent back
+    # to the model; shown to clients: ACP thought chunks, RPC and session-file thinking).
+    thinking: str | None = Field(default=None, exclude_if=_absent)
     # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
     # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
     source_entry: SourceEntry = None

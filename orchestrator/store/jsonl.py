@@ -199,6 +199,8 @@ def pi_message(kind: str, p: dict[str, Any], ts_ms: int) -> dict[str, Any] | Non
         }
     if kind == "assistant_message":
         content: list[dict[str, Any]] = []
+        if p.get("thinking"):
+            content.append({"type": "thinking", "thinking": p["thinking"]})
         if p.get("text"):
             content.append(_text_block(p["text"]))
         for call in p.get("tool_calls", []):

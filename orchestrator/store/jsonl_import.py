@@ -155,6 +155,7 @@ class _Image(_Lenient):
 
 class _Thinking(_Lenient):
     type: Literal["thinking"]
+    thinking: str = ""
 
 
 class _ToolCall(_Lenient):
@@ -417,6 +418,9 @@ def _message_event(raw: dict[str, Any]) -> tuple[str, dict[str, Any], str | None
         "model": parsed.model,
         **_extras(message, ("fenced",)),
     }
+    thoughts = [b.thinking for b in parsed.content if isinstance(b, _Thinking) and b.thinking]
+    if thoughts:
+        reply["thinking"] = "\n\n".join(thoughts)
     usage = parsed.usage
     if usage is not None:
         cost = usage.cost.total if usage.cost is not None else 0.0

@@ -33,6 +33,7 @@ repeat forever:
         code:
             print(6 * 7)
     when "42":
+        think: The cell printed it.
         text: The answer is 42.
     when "slowly":
         slow 60
@@ -123,6 +124,14 @@ async def test_a_turn_streams_its_cell_and_answer_and_ends_with_the_lifecycle(
         u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_message_chunk"
     ]
     assert "".join(said) == "The answer is 42."
+    # Its reasoning came first, as thought chunks, also once.
+    thought = [
+        u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_thought_chunk"
+    ]
+    assert "".join(thought) == "The cell printed it."
+    assert kinds.index("agent_thought_chunk") < len(kinds) - kinds[::-1].index(
+        "agent_message_chunk"
+    )
     assert "".join(
         u["content"]["text"] for u in tail if u["sessionUpdate"] == "agent_message_chunk"
     ) == ("The answer is 42.")

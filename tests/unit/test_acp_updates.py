@@ -83,6 +83,19 @@ def test_a_cell_and_its_result_become_a_tool_call_and_its_update() -> None:
     assert info["_meta"][META_NAMESPACE]["compaction"] == {"tokensBefore": 9, "summary": "s"}
 
 
+def test_a_replys_thinking_is_a_thought_chunk_before_what_it_said() -> None:
+    message = {
+        "type": "assistant_message",
+        "payload": {"text": "42.", "thinking": "Six sevens.", "tool_calls": []},
+    }
+    thought, said = updates_for_event(message, {})
+    assert thought == {
+        "sessionUpdate": "agent_thought_chunk",
+        "content": {"type": "text", "text": "Six sevens."},
+    }
+    assert said["sessionUpdate"] == "agent_message_chunk"
+
+
 def test_a_provider_of_models_json_is_an_openai_compatible_endpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,3 +71,38 @@ async def test_a_reply_whose_deltas_were_lost_is_sent_whole() -> None:
     await rpc._on_durable(_event(2, "assistant_message", REPLY))
     assert [x["type"] for x in out][-3:] == ["message_start", "message_end", "turn_end"]
     assert all(x["type"] != "message_update" for x in out)
+
+
+def _thought(text: str, after: int) -> Stream:
+    return Stream(session=SESSION, event={"type": "thinking_delta", "delta": text}, after=after)
+
+
+async def test_thinking_streams_as_its_own_block_before_the_text() -> None:
+    out: list[dict[str, Any]] = []
+    rpc = _server(out)
+    await rpc._on_durable(_event(1, "user_message", USER))
+    await rpc._on_delta(_thought("Greet ", after=1))
+    await rpc._on_delta(_thought("them.", after=1))
+    await rpc._on_delta(_delta("Hello world", after=1))
+    await rpc._on_durable(_event(2, "assistant_message", {**REPLY, "thinking": "Greet them."}))
+    updates = [x["assistantMessageEvent"] for x in out if x["type"] == "message_update"]
+    assert [(u["type"], u["contentIndex"]) for u in updates] == [
+        ("thinking_start", 0),
+        ("thinking_delta", 0),
+        ("thinking_delta", 0),
+        ("thinking_end", 0),
+        ("text_start", 1),
+        ("text_delta", 1),
+        ("text_end", 1),
+    ]
+    assert updates[3]["content"] == "Greet them." and updates[-1]["content"] == "Hello world"
+    assert updates[-1]["partial"]["content"] == [
+        {"type": "thinking", "thinking": "Greet them."},
+        {"type": "text", "text": "Hello world"},
+    ]
+    # The stored reply, as a session file has it: the thinking block first.
+    assert out[-2]["type"] == "message_end"
+    assert out[-2]["message"]["content"][:2] == [
+        {"type": "thinking", "thinking": "Greet them."},
+        {"type": "text", "text": "Hello world"},
+    ]
