@@ -36,7 +36,13 @@ from typing import Any, Final, cast
 from orchestrator.api.client import ControlClient
 from orchestrator.api.messages import Event, Stream
 from orchestrator.api.wire import CAP_STREAM, CLIENT_CAPABILITIES
-from orchestrator.cli.acp_updates import META_NAMESPACE, meta, subagent_update, updates_for_event
+from orchestrator.cli.acp_updates import (
+    META_NAMESPACE,
+    GateTally,
+    meta,
+    subagent_update,
+    updates_for_event,
+)
 from orchestrator.cli.protocol_stdio import claim_stdout, open_stdio
 
 __all__ = ["AcpOptions", "PrimeAgentAcp", "serve"]
@@ -153,6 +159,7 @@ class PrimeAgentAcp:
         self._sealed: set[int] = set()  # turns whose terminal update is out
         self._cells: dict[str, str] = {}
         self._last_error: str | None = None
+        self._gates = GateTally()  # the autonomous gates of the prompt turn under way
         self._root_seq = 0  # the newest root event handled
         # (after, text, update kind) until that event is out
         self._held_deltas: list[tuple[int, str, str]] = []
@@ -236,6 +243,7 @@ class PrimeAgentAcp:
         )
         self._turn = turn
         self._last_error = None
+        self._gates = GateTally()
         try:
             await control.call("prompt", session=session_id, text=_prompt_text(prompt))
             reason, error = await turn.done
@@ -253,9 +261,16 @@ class PrimeAgentAcp:
             "responseBoundary",
             outcome,
         )
-        quiescence = {"outstandingSubagents": outstanding, "remainingAutonomousContinuations": 0}
+        autonomous, remaining = await self._autonomous_meta()
+        quiescence = {
+            "outstandingSubagents": outstanding,
+            "remainingAutonomousContinuations": remaining,
+        }
         await producer.publish(
-            {"sessionUpdate": "session_info_update", "_meta": meta(quiescence=quiescence)},
+            {
+                "sessionUpdate": "session_info_update",
+                "_meta": meta(**autonomous, quiescence=quiescence),
+            },
             turn.number,
         )
         self._terminal = asyncio.create_task(self._terminal_update(turn.number, outcome))
@@ -333,13 +348,32 @@ class PrimeAgentAcp:
         with contextlib.suppress(Exception):
             await control.call("wait_quiet", session=self._session, timeout_s=TERMINAL_WAIT_S)
         self._sealed.add(turn)
-        quiescence = {"outstandingSubagents": 0, "remainingAutonomousContinuations": 0}
+        autonomous, remaining = await self._autonomous_meta()
+        quiescence = {"outstandingSubagents": 0, "remainingAutonomousContinuations": remaining}
         await producer.publish(
-            {"sessionUpdate": "session_info_update", "_meta": meta(quiescence=quiescence)},
+            {
+                "sessionUpdate": "session_info_update",
+                "_meta": meta(**autonomous, quiescence=quiescence),
+            },
             turn,
             "terminalQuiescence",
             outcome,
         )
+
+    async def _autonomous_meta(self) -> tuple[dict[str, Any], int]:
+        """({"autonomous": ...} for a session started with --autonomous, else {}; the
+        continuations its run has left), from the daemon's counters and the gates seen."""
+        if self.options.autonomous is None or self._control is None or self._session is None:
+            return {}, 0
+        try:
+            answer = await self._control.call("autonomous", session=self._session, action="status")
+        except Exception:  # the meta is telemetry: never a reason to fail the turn
+            return {}, 0
+        state = answer.get("autonomous") or {}
+        limits = state.get("limits") or {}
+        turns = int(state.get("turns") or 0)
+        remaining = max(0, int(limits.get("max_turns") or 0) - turns)
+        return {"autonomous": self._gates.meta(state)}, remaining
 
     async def _route(self, control: ControlClient, root: str) -> None:
         """Every pushed event of the tree, mapped and published in arrival order."""
@@ -399,6 +433,8 @@ class PrimeAgentAcp:
             await self._publish_delta(*self._held_deltas.pop(0))
         if kind == "error" and isinstance(payload, Mapping):
             self._last_error = str(payload.get("message") or payload.get("kind") or "error")
+        if kind == "gate_result" and isinstance(payload, Mapping):
+            self._gates.record(payload)
         turn = self._turn
         if turn is None or turn.done.done():
             return
@@ -409,6 +445,8 @@ class PrimeAgentAcp:
             turn.done.set_result(("aborted", None))
         elif kind == "autonomous_stop":
             reason = str(payload.get("reason") or "completed")
+            if reason == "gate_failed" and payload.get("limit"):
+                reason = str(payload["limit"])  # a limit ended it, a gate still failing
             turn.done.set_result((reason, str(payload.get("detail") or self._last_error or "")))
 
     async def _child_event(

@@ -197,6 +197,8 @@ class AutonomousStopPayload(_Payload):
 
     reason: str  # control/autonomous.py STOP_REASONS
     detail: str = ""
+    # gate_failed: the limit that stopped the run (turn_limit, token_limit, time_limit).
+    limit: str | None = Field(default=None, exclude_if=_absent)
     turns: int = 0
     tokens: int = 0
     elapsed_s: float = 0.0
