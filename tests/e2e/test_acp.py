@@ -208,8 +208,9 @@ async def test_an_autonomous_turn_reports_its_gates_and_counters_in_meta(
     model: FakeModelServer, tmp_path: Path
 ) -> None:
     """--autonomous with a gate the agent never satisfies: the turn ends at the turn limit
-    (max_turn_requests, as Prime Agent says it, though a gate was still failing), and the completion and terminal updates carry Prime Agent's
-    ``autonomous`` object: the counters, the gate's attempts and how it last failed."""
+    (max_turn_requests, as Prime Agent says it, though a gate was still failing), and the
+    completion and terminal updates carry Prime Agent's ``autonomous`` object: the counters,
+    the gate's attempts and how it last failed."""
     gate = ["--autonomous-gate", "test -f never.txt"]
     limits = ["--autonomous-max-turns", str(AUTONOMOUS_TURNS)]
     async with _agent(model, tmp_path, "--autonomous", *gate, *limits) as (conn, seen):
