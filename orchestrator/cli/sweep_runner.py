@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from orchestrator.sweeps.grid import Cell
     from orchestrator.sweeps.harbor_env import Environment
     from orchestrator.sweeps.runnable import Machine
+    from orchestrator.sweeps.shards import Shard
     from orchestrator.sweeps.spec import SweepFile
     from orchestrator.sweeps.trial import TrialInput
 
@@ -489,14 +490,26 @@ async def run_sweep(
     *,
     link_factory: Callable[[], DaemonLink],
     machine: Machine | None = None,
+    shard: Shard | None = None,
+    export_dir: Path | None = None,
 ) -> int:
     """Run ``spec``'s unscored cells; the exit code of the sweep's end (``SWEEP_EXIT_CODES``).
-    ``machine``: what this machine can give a trial (default: asked of the engine)."""
+    ``machine``: what this machine can give a trial (default: asked of the engine).
+    ``shard``: only its cells run (``sweeps/shards.py``); ``export_dir``: at the end, the
+    shard's cells and trials are written there as Parquet (the whole sweep as shard 0/1 when
+    no shard is given)."""
     from orchestrator.daemon.backends import BACKEND_ENV
     from orchestrator.sweeps.grid import expand
     from orchestrator.sweeps.runnable import Machine, cannot_run, report_lines, unrunnable
+    from orchestrator.sweeps.shards import Shard
 
-    cells = expand(spec)
+    every_cell = expand(spec)
+    cells = every_cell if shard is None else shard.take(every_cell)
+    if shard is not None:
+        print(
+            f"sweep {spec.name}: shard {shard}: {len(cells)} of {len(every_cell)} cells",
+            file=sys.stderr,
+        )
     if machine is None:
         backend = spec.backend or os.environ.get(BACKEND_ENV)
         machine = Machine(settings, backend=backend)
@@ -553,5 +566,10 @@ async def run_sweep(
             closed = await link.mutate("sweep_close", name=spec.name, state=state)
             state = str(closed["sweep"]["state"])
         progress.show(final=True)
+        if export_dir is not None:
+            from orchestrator.cli.sweep_shards import export_shard
+
+            written = await export_shard(link, spec, shard or Shard(0, 1), every_cell, export_dir)
+            print(f"sweep {spec.name}: results in {written}", file=sys.stderr)
         print(f"sweep {spec.name}: {state}", file=sys.stderr)
         return SWEEP_EXIT_CODES.get(state, EXIT_ERROR)
