@@ -1,10 +1,12 @@
 """A shard's results as Parquet, and shards merged into one store (docs/sweeps.md, "Shards").
 
-``sweep run FILE --shard i/N --export-dir DIR`` ends by writing its cells and trials as two
-Parquet files (``sweeps/shards.py`` names them). Every row carries the sweep's name and digest
-(the hash of its file), and each cell row the shard, the file's spec and how many cells the
-whole file has, so a merge needs nothing but the files. A cell's ``position`` is its place in
-the whole file (not in the shard), so a merged sweep lists its cells as a local run does.
+``sweep run FILE --shard i/N --export-dir DIR`` writes its cells and trials as two Parquet
+files (``sweeps/shards.py`` names them) as it goes and at its end (``ShardExporter``). Every
+row carries the sweep's name and digest (the hash of its file), and each cell row the shard,
+the file's spec and how many cells the whole file has, so a merge needs nothing but the files.
+A cell's ``position`` is its place in the whole file (not in the shard), so a merged sweep
+lists its cells as a local run does. A shard started where its export already is (a retried
+pod, whose store is new) carries the cells that export holds scored instead of running them.
 
 ``sweep merge DIR_OR_FILES... [--into FILE]`` reads the exports, refuses shards of different
 sweep files, and folds them into a store (``store/sweep_merge.py``: each cell and trial once;
@@ -13,8 +15,12 @@ the more complete, then the later, result of a cell wins).
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,15 +36,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CELL_EXPORT_TYPES",
+    "EXPORT_EVERY_S",
     "EXPORT_PAGE_CELLS",
-    "export_shard",
+    "ShardExporter",
     "find_exports",
     "merge_exports",
+    "missing_shards",
     "read_exports",
 ]
 
 # Cells (with their trials) per sweep_status call while exporting: answers are long.
 EXPORT_PAGE_CELLS: Final = 25
+# A running shard rewrites its export at most this often (and after its first trial, and at
+# its end).
+EXPORT_EVERY_S: Final = 30.0
 _IDENTITY: Final = ("sweep", "digest", "spec", "shard", "shards", "cells_total")
 CELL_EXPORT_TYPES: Final = {
     "shard": "INTEGER",
@@ -79,63 +90,137 @@ def _trial_fields() -> tuple[str, ...]:
     return ("digest", *TRIAL_COLUMNS)
 
 
-async def export_shard(
-    link: DaemonLink,
-    spec: SweepFile,
-    shard: Shard,
-    every_cell: Sequence[Cell],
-    export_dir: Path,
-) -> Path:
-    """Write the shard's cells and trials, as its store holds them, into ``export_dir``;
-    the cells file. Written beside and renamed into place, so a reader never sees half."""
-    from orchestrator.sweeps.grid import HARNESS_VERSION
-    from orchestrator.sweeps.shards import CELLS_SUFFIX, TRIALS_SUFFIX
+@dataclass
+class ShardExporter:
+    """Writes a shard's results into the export directory as the run goes: after the first
+    finished trial, then at most every ``EXPORT_EVERY_S``, and at the end. So a shard whose pod
+    is killed leaves what it finished, and its retry — a new pod with an empty store — starts
+    from that export: the cells it holds scored are carried into the next export, not run."""
 
-    places = {c.fingerprint: i for i, c in enumerate(every_cell)}
-    cells: list[dict[str, Any]] = []
-    trials: list[dict[str, Any]] = []
-    total: int | None = None
-    while total is None or len(cells) < total:
-        page = await link.call(
-            "sweep_status",
-            name=spec.name,
-            offset=len(cells),
-            limit=EXPORT_PAGE_CELLS,
-            trials=True,
-        )
-        total = int(page["cells_total"])
-        if not page["cells"]:
-            break
-        cells.extend(page["cells"])
-        trials.extend(page["trials"])
-    identity = {
-        "sweep": spec.name,
-        "digest": spec.digest(),
-        "spec": json.dumps({**spec.normalised(), "harness": HARNESS_VERSION}, sort_keys=True),
-        "shard": shard.index,
-        "shards": shard.count,
-        "cells_total": len(every_cell),
-    }
-    mine = [
-        {**c, **identity, "position": places[c["fingerprint"]]}
-        for c in cells
-        if c["fingerprint"] in places and shard.owns(c["fingerprint"])
-    ]
-    kept = {c["fingerprint"] for c in mine}
-    digest = identity["digest"]
-    their_trials = [{**t, "digest": digest} for t in trials if t["fingerprint"] in kept]
-    stem = export_dir / shard.stem(spec.name)
-    cells_path = stem.with_name(stem.name + CELLS_SUFFIX)
-    trials_path = stem.with_name(stem.name + TRIALS_SUFFIX)
-    # The trials first: a cells file is what a merge looks for, and it comes last.
-    for path, rows, fields, types in (
-        (trials_path, their_trials, _trial_fields(), _TRIAL_TYPES),
-        (cells_path, mine, _cell_fields(), CELL_EXPORT_TYPES),
-    ):
-        staged = path.with_name(f".{path.name}.part")
-        write_rows(rows, staged, "parquet", fields, types)
-        staged.replace(path)
-    return cells_path
+    link: DaemonLink
+    spec: SweepFile
+    shard: Shard
+    every_cell: Sequence[Cell]
+    export_dir: Path
+    earlier_cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    earlier_trials: list[dict[str, Any]] = field(default_factory=list)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _last: float | None = None
+
+    @property
+    def cells_path(self) -> Path:
+        from orchestrator.sweeps.shards import CELLS_SUFFIX
+
+        return self.export_dir / (self.shard.stem(self.spec.name) + CELLS_SUFFIX)
+
+    @property
+    def trials_path(self) -> Path:
+        from orchestrator.sweeps.shards import TRIALS_SUFFIX
+
+        return self.export_dir / (self.shard.stem(self.spec.name) + TRIALS_SUFFIX)
+
+    def read_earlier(self) -> str | None:
+        """Take in this shard's earlier export, if there is one: only cells of this file (by
+        fingerprint: a cell whose inputs are the same is the same cell). Why it could not be
+        read, if it could not (it is then left aside)."""
+        if not self.cells_path.is_file():
+            return None
+        mine = {c.fingerprint for c in self.shard.take(self.every_cell)}
+        try:
+            cells = read_parquet(self.cells_path)
+            trials = read_parquet(self.trials_path) if self.trials_path.is_file() else []
+        except Exception as exc:  # DuckDB's errors: a file that is not Parquet
+            return f"{self.cells_path}: {' '.join(str(exc).split())}"
+        self.earlier_cells = {
+            str(c["fingerprint"]): _times(dict(c)) for c in cells if c.get("fingerprint") in mine
+        }
+        self.earlier_trials = [
+            _times(dict(t)) for t in trials if t.get("fingerprint") in self.earlier_cells
+        ]
+        return None
+
+    def scored_earlier(self) -> set[str]:
+        return {f for f, c in self.earlier_cells.items() if c.get("state") == "scored"}
+
+    async def write_soon(self) -> None:
+        if self._last is None or time.monotonic() - self._last >= EXPORT_EVERY_S:
+            await self.write()
+
+    async def write(self) -> Path:
+        """The shard's cells and trials, as its store holds them and as its earlier export
+        had them (the more complete result of each cell); the cells file."""
+        async with self._lock:
+            self._last = time.monotonic()
+            cells, trials = await self._from_store()
+            await asyncio.to_thread(self._write, cells, trials)
+        return self.cells_path
+
+    async def _from_store(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        cells: list[dict[str, Any]] = []
+        trials: list[dict[str, Any]] = []
+        total: int | None = None
+        while total is None or len(cells) < total:
+            page = await self.link.call(
+                "sweep_status",
+                name=self.spec.name,
+                offset=len(cells),
+                limit=EXPORT_PAGE_CELLS,
+                trials=True,
+            )
+            total = int(page["cells_total"])
+            if not page["cells"]:
+                break
+            cells.extend(page["cells"])
+            trials.extend(page["trials"])
+        return cells, trials
+
+    def _write(self, stored: list[dict[str, Any]], stored_trials: list[dict[str, Any]]) -> None:
+        from orchestrator.store.sweep_merge import completeness
+        from orchestrator.sweeps.grid import HARNESS_VERSION
+
+        places = {c.fingerprint: i for i, c in enumerate(self.every_cell)}
+        best = dict(self.earlier_cells)
+        for cell in stored:
+            fingerprint = str(cell["fingerprint"])
+            if fingerprint not in places or not self.shard.owns(fingerprint):
+                continue
+            cell = _times(dict(cell))
+            held = best.get(fingerprint)
+            if held is None or completeness(cell) > completeness(held):
+                best[fingerprint] = cell
+        digest = self.spec.digest()
+        identity = {
+            "sweep": self.spec.name,
+            "digest": digest,
+            "spec": json.dumps(
+                {**self.spec.normalised(), "harness": HARNESS_VERSION}, sort_keys=True
+            ),
+            "shard": self.shard.index,
+            "shards": self.shard.count,
+            "cells_total": len(self.every_cell),
+        }
+        cells = [
+            _wire({**cell, **identity, "position": places[fingerprint]})
+            for fingerprint, cell in sorted(best.items(), key=lambda item: places[item[0]])
+        ]
+        trials_by_id = {str(t["id"]): t for t in self.earlier_trials}
+        for trial in stored_trials:
+            if trial["fingerprint"] in best:
+                trials_by_id.setdefault(str(trial["id"]), _times(dict(trial)))
+        trials = [_wire({**t, "digest": digest}) for t in trials_by_id.values()]
+        # The trials first: a cells file is what a merge looks for, and it comes last; each is
+        # written beside and renamed into place, so a reader never sees half of one.
+        for path, rows, fields, types in (
+            (self.trials_path, trials, _trial_fields(), _TRIAL_TYPES),
+            (self.cells_path, cells, _cell_fields(), CELL_EXPORT_TYPES),
+        ):
+            staged = path.with_name(f".{path.name}.part")
+            write_rows(rows, staged, "parquet", fields, types)
+            staged.replace(path)
+
+
+def _wire(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
 
 
 def find_exports(sources: Sequence[Path]) -> list[Path]:
@@ -160,8 +245,6 @@ def find_exports(sources: Sequence[Path]) -> list[Path]:
 
 
 def _times(row: dict[str, Any]) -> dict[str, Any]:
-    from datetime import datetime
-
     for key in _TIMES:
         if isinstance(row.get(key), str):
             row[key] = datetime.fromisoformat(row[key])

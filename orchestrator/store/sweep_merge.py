@@ -31,7 +31,7 @@ from orchestrator.errors import UserError
 from orchestrator.store.queries import to_db_ts
 from orchestrator.store.sweeps import TRIAL_COLUMNS, CellRow, select_cells, select_sweep
 
-__all__ = ["CELL_COLUMNS", "MergeCounts", "ShardResults", "merge_shards"]
+__all__ = ["CELL_COLUMNS", "MergeCounts", "ShardResults", "completeness", "merge_shards"]
 
 # What a shard's export carries of each cell: every column of sweep_cells but the sweep's name.
 CELL_COLUMNS: Final = tuple(f for f in CellRow.__dataclass_fields__ if f != "sweep")
@@ -60,7 +60,8 @@ class MergeCounts:
     state: str
 
 
-def _rank(cell: Mapping[str, Any]) -> tuple[int, datetime]:
+def completeness(cell: Mapping[str, Any]) -> tuple[int, datetime]:
+    """How a cell's result ranks against another of the same cell: the greater wins."""
     return _RANK.get(str(cell["state"]), 0), to_db_ts(cell["updated_at"])
 
 
@@ -141,7 +142,7 @@ def _merge_cells(
     for cell in cells:
         fingerprint = str(cell["fingerprint"])
         held = best.get(fingerprint) or stored.get(fingerprint)
-        if held is None or _rank(cell) > _rank(held):
+        if held is None or completeness(cell) > completeness(held):
             best[fingerprint] = cell
     added = sum(1 for f in best if f not in stored)
     replaced = len(best) - added

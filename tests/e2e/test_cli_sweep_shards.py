@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,49 +211,65 @@ def test_a_killed_shard_resumes_by_cell(tmp_path: Path) -> None:
     with FakeModelServer(SLOW_FINDER) as finder, FakeModelServer(DUD) as dud:
         homes = Homes(tmp_path / "homes", _config(finder, dud))
         try:
-            _killed_shard_resumes(homes, tmp_path)
+            _killed_shard_resumes(homes, tmp_path, lambda: len(finder.requests) + len(dud.requests))
         finally:
             homes.stop()
 
 
-def _killed_shard_resumes(homes: Homes, tmp_path: Path) -> None:
+def _exported(path: Path) -> dict[str, tuple[Any, ...]]:
+    con = duckdb.connect()
+    try:
+        rows = con.execute(
+            "SELECT fingerprint, state, score, session_id FROM read_parquet($1)", [str(path)]
+        ).fetchall()
+    finally:
+        con.close()
+    return {r[0]: r for r in rows}
+
+
+def _killed_shard_resumes(homes: Homes, tmp_path: Path, asked: Callable[[], int]) -> None:
     path = tmp_path / "parts.yaml"
-    path.write_text(SWEEP)
+    # One trial at a time: the kill lands with cells still to run.
+    path.write_text(SWEEP.replace("{trials: 2, sandboxes: 2}", "{trials: 1, sandboxes: 1}"))
     exports = tmp_path / "results"
+    export = exports / "parts.shard-1-of-2.cells.parquet"
     command = ["sweep", "run", str(path), "--shard", "1/2", "--export-dir", str(exports)]
     runner = subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=homes.env("shard"),
+        env=homes.env("first"),
     )
-    scored_first: list[dict[str, Any]] = []
     try:
-
-        def some_scored() -> bool:
-            shown = homes.cli("shard", ["sweep", "status", "parts", "--json"])
-            if shown.returncode != 0:
-                return False  # not opened yet
-            cells = [json.loads(line) for line in shown.stdout.splitlines()]
-            scored_first[:] = [c for c in cells if c["state"] == "scored"]
-            return len(scored_first) >= 1 and len(scored_first) < len(cells)
-
-        assert wait_until(some_scored, timeout=KILL_WAIT_S, interval=0.5)
+        # The shard writes its export after its first finished trial, before the others.
+        assert wait_until(export.exists, timeout=KILL_WAIT_S, interval=0.1)
         runner.send_signal(signal.SIGKILL)
         runner.wait(timeout=RUNNER_EXIT_S)
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
-    assert not exports.exists() or not list(exports.iterdir())  # killed before its export
+    early = _exported(export)
+    scored_early = {f: r for f, r in early.items() if r[1] == "scored"}
+    assert scored_early and len(scored_early) < len(early)  # killed mid-shard
 
-    resumed = homes.cli("shard", command, timeout=SWEEP_TIMEOUT_S)
-    assert resumed.returncode == 0, resumed.stderr
-    final = {c["fingerprint"]: c for c in homes.cells("shard")}
-    assert {c["state"] for c in final.values()} == {"scored"}
-    # What had finished before the kill was not run again.
-    for cell in scored_first:
-        assert final[cell["fingerprint"]] == cell
+    # Retried as a Job retries an index: a new pod, a new empty store, the same export.
+    retried = homes.cli("retry", command, timeout=SWEEP_TIMEOUT_S)
+    assert retried.returncode == 0, retried.stderr
+    assert f"{len(scored_early)} cell(s) scored in {export} are not run again" in retried.stderr
+    final = _exported(export)
+    assert set(final) == set(early) and {r[1] for r in final.values()} == {"scored"}
+    for fingerprint, row in scored_early.items():
+        assert final[fingerprint] == row  # carried, not run again: the same session
+    ran_here = {c["fingerprint"] for c in homes.cells("retry") if c["state"] == "scored"}
+    assert ran_here == set(final) - set(scored_early)
+
+    # The killed shard's own store, run again: every cell is scored there or in the export.
+    before = asked()
+    again = homes.cli("first", command, timeout=SWEEP_TIMEOUT_S)
+    assert again.returncode == 0, again.stderr
+    assert asked() == before
+    assert _exported(export) == final
 
     store = tmp_path / "merged.duckdb"
     merged = homes.cli("merger", ["sweep", "merge", str(exports), "--into", str(store)])
@@ -261,7 +277,4 @@ def _killed_shard_resumes(homes: Homes, tmp_path: Path) -> None:
     assert "shard(s) not given: 0/2" in merged.stderr
     assert "; incomplete" in merged.stderr  # half the file's cells are in shard 0
     rows = _merged(store)
-    assert sorted(r[0] for r in rows) == sorted(final)
-    assert all(r[1] == "scored" for r in rows)
-    # A cell in flight at the kill ran again: its first trial is kept, abandoned.
-    assert {r[0]: r[3] for r in rows} == {f: c["trials"] for f, c in final.items()}
+    assert {r[0]: (r[1], r[2]) for r in rows} == {f: (r[1], r[2]) for f, r in final.items()}
