@@ -11,8 +11,13 @@
 - ``sweep export NAME --format parquet|csv|jsonl`` writes every cell (``--out`` or
   ``NAME.cells.FORMAT`` here).
 - ``sweep cancel NAME`` starts no more trials and aborts the running ones.
+- ``sweep run FILE --shard i/N --export-dir DIR`` runs one shard and writes its results as
+  Parquet; ``sweep merge DIR...`` joins shards into one store and reports
+  (``cli/sweep_shards.py``); ``sweep submit FILE --shards N`` runs the shards as a Kubernetes
+  Indexed Job (``cli/sweep_submit.py``).
 
-Each goes through the daemon (started when autostart is on), which keeps the tables.
+Each goes through the daemon (started when autostart is on), which keeps the tables; but
+``merge``, which writes a store file itself, and ``submit``, which talks to Kubernetes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A shard's results as Parquet, and shards merged into one store (docs/sweeps.md, "Shards").
+"""A shard's results as Parquet, and shards merged into one store (docs/sweeps.md,
+"Shards, merge and Kubernetes").
 
 ``sweep run FILE --shard i/N --export-dir DIR`` writes its cells and trials as two Parquet
 files (``sweeps/shards.py`` names them) as it goes and at its end (``ShardExporter``). Every

@@ -1,4 +1,5 @@
-"""A sweep as a Kubernetes Indexed Job (``sweep submit``, docs/sweeps.md "Shards on Kubernetes").
+"""A sweep as a Kubernetes Indexed Job (``sweep submit``; docs/sweeps.md, "Shards, merge and
+Kubernetes").
 
 Two manifests, as plain data:
 
