@@ -127,10 +127,12 @@ class ShardExporter:
         if not self.cells_path.is_file():
             return None
         mine = {c.fingerprint for c in self.shard.take(self.every_cell)}
+        import duckdb
+
         try:
             cells = read_parquet(self.cells_path)
             trials = read_parquet(self.trials_path) if self.trials_path.is_file() else []
-        except Exception as exc:  # DuckDB's errors: a file that is not Parquet
+        except duckdb.Error as exc:  # not Parquet, or not whole
             return f"{self.cells_path}: {' '.join(str(exc).split())}"
         self.earlier_cells = {
             str(c["fingerprint"]): _times(dict(c)) for c in cells if c.get("fingerprint") in mine
@@ -143,18 +145,27 @@ class ShardExporter:
     def scored_earlier(self) -> set[str]:
         return {f for f, c in self.earlier_cells.items() if c.get("state") == "scored"}
 
+    def _due(self) -> bool:
+        return self._last is None or time.monotonic() - self._last >= EXPORT_EVERY_S
+
     async def write_soon(self) -> None:
-        if self._last is None or time.monotonic() - self._last >= EXPORT_EVERY_S:
-            await self.write()
+        """``write`` if none ran in the last ``EXPORT_EVERY_S`` (or none yet)."""
+        if self._due():
+            async with self._lock:
+                if self._due():  # not written meanwhile by another trial's end
+                    await self._write_now()
 
     async def write(self) -> Path:
         """The shard's cells and trials, as its store holds them and as its earlier export
         had them (the more complete result of each cell); the cells file."""
         async with self._lock:
-            self._last = time.monotonic()
-            cells, trials = await self._from_store()
-            await asyncio.to_thread(self._write, cells, trials)
+            await self._write_now()
         return self.cells_path
+
+    async def _write_now(self) -> None:
+        self._last = time.monotonic()
+        cells, trials = await self._from_store()
+        await asyncio.to_thread(self._write, cells, trials)
 
     async def _from_store(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         cells: list[dict[str, Any]] = []
@@ -255,6 +266,8 @@ def _times(row: dict[str, Any]) -> dict[str, Any]:
 def read_exports(paths: Sequence[Path]) -> list[ShardResults]:
     """Each cells file with the trials file beside it; every file of one sweep and one digest
     (else one line naming the two that differ)."""
+    import duckdb
+
     from orchestrator.store.sweep_merge import CELL_COLUMNS, ShardResults
     from orchestrator.sweeps.shards import CELLS_SUFFIX, TRIALS_SUFFIX
 
@@ -263,8 +276,10 @@ def read_exports(paths: Sequence[Path]) -> list[ShardResults]:
     for path in paths:
         try:
             rows = read_parquet(path)
-        except Exception as exc:  # DuckDB's own errors: not Parquet, unreadable
-            raise UserError(f"{path}: cannot read it as Parquet: {exc}") from None
+        except duckdb.Error as exc:  # not Parquet, or not whole
+            raise UserError(
+                f"{path}: cannot read it as Parquet: {' '.join(str(exc).split())}"
+            ) from None
         if not rows:
             continue  # a shard with no cells (more shards than cells)
         missing = [c for c in (*_IDENTITY, *CELL_COLUMNS) if c not in rows[0]]

@@ -190,6 +190,22 @@ def test_two_shards_merge_into_the_unsharded_result(homes: Homes, tmp_path: Path
     )
     con.close()
 
+    # Into this user's own store (no --into): then every command reads the merged sweep.
+    into_mine = homes.cli("mine", ["sweep", "merge", str(exports), "--out", str(report)])
+    assert into_mine.returncode == 0, into_mine.stderr
+    shown = homes.cells("mine")  # starts this home's daemon on the merged store
+    assert [(c["fingerprint"], c["state"], c["score"]) for c in shown] == [
+        (c["fingerprint"], "scored", c["score"]) for c in local
+    ]
+    status = homes.cli("mine", ["sweep", "status", "parts"])
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"sweep parts: done; {CELLS} cells: {CELLS} scored")
+    # While that daemon holds the store, merging into it is refused in one line.
+    held = homes.cli("mine", ["sweep", "merge", str(exports)])
+    assert held.returncode == 2, held.stderr
+    (line,) = held.stderr.splitlines()
+    assert "prime-agent daemon stop" in line and "--into" in line
+
     # A shard of another sweep file is refused, in one line, and nothing is merged.
     other = tmp_path / "other"
     other.mkdir()
