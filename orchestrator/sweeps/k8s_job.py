@@ -16,6 +16,10 @@ seccomp ``RuntimeDefault``, no service-account token and no service links. Trial
 ``local`` backend inside the pod (the pod is the sandbox: there is no Docker engine, and bwrap
 would need privileges the pod does not have).
 
+A failure a retry cannot mend (exit 2, the user must fix something; exit 4, the shard's budget
+is spent) fails its index at once (``podFailurePolicy`` ``FailIndex``); a pod evicted or
+preempted (``DisruptionTarget``) is not counted as a failure.
+
 The shard index comes from the annotation the Job controller gives each pod
 (``batch.kubernetes.io/job-completion-index``, the value of ``JOB_COMPLETION_INDEX``) through the
 downward API, so the command needs no shell.
@@ -62,6 +66,10 @@ INDEX_ANNOTATION: Final = "batch.kubernetes.io/job-completion-index"
 SHARD_INDEX_ENV: Final = "SHARD_INDEX"
 APP_LABEL: Final = "prime-agent"
 SWEEP_LABEL: Final = "prime-agent.io/sweep"
+CONTAINER_NAME: Final = "shard"
+# sweep run's exit codes that a retry cannot change: the user must fix something (2: the file,
+# a model, a key), or the shard's budget is spent (4: a retry would spend it again).
+NO_RETRY_EXIT_CODES: Final = (2, 4)
 
 
 def _job_name(sweep: str) -> str:
@@ -134,6 +142,21 @@ def sweep_manifests(request: JobRequest) -> list[dict[str, Any]]:
             "completions": request.shards,
             "parallelism": request.parallelism or request.shards,
             "backoffLimitPerIndex": request.retries_per_shard,
+            "podFailurePolicy": {
+                "rules": [
+                    # A pod evicted or preempted did not fail: its retry is not counted.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    # A bad file, model or key, or a spent budget: a retry would not help.
+                    {
+                        "action": "FailIndex",
+                        "onExitCodes": {
+                            "containerName": CONTAINER_NAME,
+                            "operator": "In",
+                            "values": list(NO_RETRY_EXIT_CODES),
+                        },
+                    },
+                ]
+            },
             "template": {
                 "metadata": {"labels": dict(labels)},
                 "spec": _pod_spec(request, f"{name}-file"),
@@ -146,7 +169,7 @@ def sweep_manifests(request: JobRequest) -> list[dict[str, Any]]:
 def _pod_spec(request: JobRequest, config_map: str) -> dict[str, Any]:
     export_dir = f"{RESULTS_MOUNT}/{request.spec.name}"
     container: dict[str, Any] = {
-        "name": "shard",
+        "name": CONTAINER_NAME,
         "image": request.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["prime-agent"],
@@ -200,7 +223,9 @@ def _pod_spec(request: JobRequest, config_map: str) -> dict[str, Any]:
     if request.env_secret:
         container["envFrom"] = [{"secretRef": {"name": request.env_secret}}]
     pod: dict[str, Any] = {
-        "restartPolicy": "Never",  # a failed shard is a new pod, counted per index
+        # A failed shard is a new pod, counted per index (backoffLimitPerIndex and
+        # podFailurePolicy require Never).
+        "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {

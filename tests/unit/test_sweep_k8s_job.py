@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from orchestrator.cli.common import EXIT_BUDGET_SPENT, EXIT_USAGE
 from orchestrator.errors import UserError
 from orchestrator.sweeps.k8s_job import (
     DEFAULT_RESULTS_CLAIM,
@@ -94,7 +95,13 @@ def test_each_index_runs_its_shard_with_its_own_store(tmp_path: Path) -> None:
         "claimName": DEFAULT_RESULTS_CLAIM
     }
     assert volumes[mounts[SWEEP_FILE_MOUNT]]["configMap"]["name"] == config_map["metadata"]["name"]
-    assert pod["restartPolicy"] == "Never"
+    assert pod["restartPolicy"] == "Never"  # what backoffLimitPerIndex requires
+    # Evictions are not failures; a failure no retry can mend fails its index at once.
+    ignore, fail_index = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    assert fail_index["action"] == "FailIndex"
+    assert fail_index["onExitCodes"]["containerName"] == container["name"]
+    assert fail_index["onExitCodes"]["values"] == [EXIT_USAGE, EXIT_BUDGET_SPENT]
 
 
 def test_the_pod_is_hardened(tmp_path: Path) -> None:
