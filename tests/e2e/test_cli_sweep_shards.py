@@ -45,6 +45,7 @@ class Homes:
 
     def __init__(self, root: Path, config: str) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.config = config
         # The control socket's path must fit AF_UNIX's 108 bytes: runtime dirs under /tmp.
         self.runtime_root = Path(tempfile.mkdtemp(prefix="pa-"))
@@ -76,6 +77,7 @@ class Homes:
             text=True,
             timeout=timeout,
             env=self.env(name),
+            cwd=self.root,  # a command's default output (sweep-report/) lands here
             check=False,
         )
 
