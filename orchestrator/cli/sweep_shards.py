@@ -124,11 +124,11 @@ class ShardExporter:
         """Take in this shard's earlier export, if there is one: only cells of this file (by
         fingerprint: a cell whose inputs are the same is the same cell). Why it could not be
         read, if it could not (it is then left aside)."""
+        import duckdb
+
         if not self.cells_path.is_file():
             return None
         mine = {c.fingerprint for c in self.shard.take(self.every_cell)}
-        import duckdb
-
         try:
             cells = read_parquet(self.cells_path)
             trials = read_parquet(self.trials_path) if self.trials_path.is_file() else []
