@@ -748,12 +748,14 @@ class SweepTrialFinish(_Command):
 
 
 class SweepStatus(_Command):
-    """The sweep's row and its cells (all of them, or the page from ``offset``)."""
+    """The sweep's row and its cells (all of them, or the page from ``offset``); with
+    ``trials``, every trial of the page's cells too (a shard's export)."""
 
     type: Literal["sweep_status"] = "sweep_status"
     name: SweepName
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=SWEEP_CELLS_PER_CALL, ge=1, le=SWEEP_CELLS_PER_CALL)
+    trials: bool = False
 
 
 class SweepList(_Command):
