@@ -1,7 +1,7 @@
 """A chat's transcript as data: the session's events folded into display items.
 
 Pure (no Textual): ``Transcript.apply`` takes a durable event (as the daemon pushes or replays
-it), ``Transcript.stream`` a transient one (``text_delta``, ``tool_start``,
+it), ``Transcript.stream`` a transient one (``text_delta``, ``tool_start``, ``tool_output``,
 ``compaction_start``). Durable events are applied once, in cursor order; a later durable event
 replaces what streaming guessed (the ``assistant_message`` holds the whole text). The chat
 widget renders ``items`` and redraws the ones whose ``version`` changed.
@@ -87,6 +87,14 @@ class Transcript:
             if cell is not None and cell.kind == "cell":
                 cell.label = "running"
                 cell.touch()
+                return cell
+        if kind == "tool_output":  # a running cell's output as it comes; its result replaces it
+            cell = self._by_key.get(str(event.get("tool_call_id", "")))
+            if cell is not None and cell.kind == "cell" and cell.label == "running":
+                room = CELL_OUTPUT_MAX_CHARS - len(cell.output)
+                if room > 0:
+                    cell.output += str(event.get("delta", ""))[:room]
+                    cell.touch()
                 return cell
         return None
 

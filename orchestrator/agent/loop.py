@@ -509,7 +509,19 @@ class AgentLoop:
         started = time.monotonic()
         try:
             sandbox = await self.get_sandbox()
-            result = await sandbox.execute(parsed.code, timeout_s=parsed.timeout_s, cell_id=call.id)
+            result = await sandbox.execute(
+                parsed.code,
+                timeout_s=parsed.timeout_s,
+                cell_id=call.id,
+                on_output=lambda stream, text: self._emit(
+                    {
+                        "type": "tool_output",
+                        "tool_call_id": call.id,
+                        "stream": stream,
+                        "delta": text,
+                    }
+                ),
+            )
         except asyncio.CancelledError:
             await asyncio.shield(self._abort_cell(call, started))
             raise

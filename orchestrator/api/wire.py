@@ -54,7 +54,7 @@ CLIENT_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
 # The transient events a `stream` message carries (the agent loop's sink emits them without a
 # seq; durable events go out as `event`).
 STREAM_EVENT_TYPES: frozenset[str] = frozenset(
-    {"text_delta", "thinking_delta", "tool_start", "compaction_start"}
+    {"text_delta", "thinking_delta", "tool_start", "tool_output", "compaction_start"}
 )
 
 # `wait_quiet`'s bound when a client gives none: the settings' FAMILY_WAIT_TIMEOUT_S

@@ -40,6 +40,7 @@ from orchestrator.cli.acp_updates import (
     META_NAMESPACE,
     GateTally,
     meta,
+    running_cell_update,
     subagent_update,
     updates_for_event,
 )
@@ -158,6 +159,8 @@ class PrimeAgentAcp:
         self._children: dict[str, _Child] = {}
         self._sealed: set[int] = set()  # turns whose terminal update is out
         self._cells: dict[str, str] = {}
+        self._outputs: dict[str, str] = {}  # a running cell's output so far, by call id
+        self._held_outputs: list[Stream] = []  # cell output that overtook its tool call
         self._last_error: str | None = None
         self._gates = GateTally()  # the autonomous gates of the prompt turn under way
         self._root_seq = 0  # the newest root event handled
@@ -398,8 +401,12 @@ class PrimeAgentAcp:
     async def _root_delta(self, delta: Stream) -> None:
         """A text delta of the reply being written, streamed as a message chunk — after the
         durable event it follows (deltas travel apart from events, and may overtake the last
-        one), and the stored reply then sends no second copy of its text."""
+        one), and the stored reply then sends no second copy of its text. A running cell's
+        output becomes its in-progress ``tool_call_update``."""
         text = delta.event.get("delta")
+        if delta.event.get("type") == "tool_output" and isinstance(text, str) and text:
+            await self._cell_output(delta, text)
+            return
         kind = _CHUNK_OF_DELTA.get(str(delta.event.get("type")))
         if kind is None or not isinstance(text, str) or not text:
             return
@@ -408,6 +415,19 @@ class PrimeAgentAcp:
             self._held_deltas.append((after, text, kind))
             return
         await self._publish_delta(after, text, kind)
+
+    async def _cell_output(self, delta: Stream, text: str) -> None:
+        call_id = str(delta.event.get("tool_call_id") or "")
+        if (delta.after or 0) > self._root_seq:
+            self._held_outputs.append(delta)  # its tool_call is not out yet
+            return
+        if call_id not in self._cells:
+            return  # the cell ended already (its result went out), or was never ours
+        assert self._producer is not None
+        so_far = self._outputs.get(call_id, "") + text
+        self._outputs[call_id] = so_far
+        update = running_cell_update(call_id, self._cells[call_id], so_far)
+        await self._producer.publish(update, self._current_turn())
 
     async def _publish_delta(self, after: int, text: str, kind: str) -> None:
         assert self._producer is not None
@@ -431,6 +451,11 @@ class PrimeAgentAcp:
         self._root_seq = max(self._root_seq, seq)
         while self._held_deltas and self._held_deltas[0][0] <= self._root_seq:
             await self._publish_delta(*self._held_deltas.pop(0))
+        while self._held_outputs and (self._held_outputs[0].after or 0) <= self._root_seq:
+            held = self._held_outputs.pop(0)
+            await self._cell_output(held, str(held.event.get("delta")))
+        if kind == "tool_result" and isinstance(payload, Mapping):
+            self._outputs.pop(str(payload.get("tool_call_id") or ""), None)
         if kind == "error" and isinstance(payload, Mapping):
             self._last_error = str(payload.get("message") or payload.get("kind") or "error")
         if kind == "gate_result" and isinstance(payload, Mapping):

@@ -30,6 +30,7 @@ __all__ = [
     "cell_content",
     "cell_title",
     "meta",
+    "running_cell_update",
     "subagent_update",
     "updates_for_event",
 ]
@@ -184,6 +185,19 @@ def subagent_update(child: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "sessionUpdate": "session_info_update",
         "_meta": meta(subagents=[{k: v for k, v in entry.items() if v is not None}]),
+    }
+
+
+def running_cell_update(call_id: str, code: str | None, output: str) -> dict[str, Any]:
+    """A running cell's ``tool_call_update``: still ``in_progress``, its content the cell and
+    its output so far (ACP content replaces what the client showed)."""
+    content = [cell_content(code)] if code is not None else []
+    content.append({"type": "content", "content": _text(output)})
+    return {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": call_id,
+        "status": "in_progress",
+        "content": content,
     }
 
 

@@ -95,7 +95,10 @@ class RpcServer:
         # message_update (None: no reply is being streamed).
         self._partial: list[dict[str, str]] | None = None
         self._seq = 0  # the newest durable event handled: deltas that follow a later one wait
-        self._held_deltas: list[tuple[int, str, str]] = []  # (after, block kind, text)
+        self._held: list[Stream] = []  # stream items waiting for the event they follow
+        # A running cell's output so far (tool_execution_update carries all of it), by call.
+        self._cell_output: dict[str, str] = {}
+        self._cell_calls: dict[str, tuple[str, Any]] = {}  # call id -> (tool name, args)
         self._pump: asyncio.Task[None] | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "prompt": self._prompt,
@@ -178,7 +181,8 @@ class RpcServer:
             with contextlib.suppress(ApiCommandError):
                 await self.control.call("detach", session=self.session)
         self.session, self.messages, self.running = session, [], False
-        self._partial, self._seq, self._held_deltas = None, 0, []
+        self._partial, self._seq, self._held = None, 0, []
+        self._cell_output, self._cell_calls = {}, {}
         attached = await self.control.call("attach", session=session, cursor=0)
         for event in attached.get("events") or []:
             message = _message(event)
@@ -202,22 +206,41 @@ class RpcServer:
         """A stored event, then the deltas that waited for it."""
         await self._on_event(event)
         self._seq = max(self._seq, int(event.get("seq") or 0))
-        while self._held_deltas and self._held_deltas[0][0] <= self._seq:
-            _, kind, text = self._held_deltas.pop(0)
-            await self._stream(kind, text)
+        while self._held and (self._held[0].after or 0) <= self._seq:
+            await self._on_delta(self._held.pop(0))
 
     async def _on_delta(self, item: Stream) -> None:
-        """A piece of the reply (its thinking or its text) as the model writes it; it waits
-        for the durable event it follows (deltas travel apart from events, may overtake it)."""
+        """A piece of the reply (its thinking or its text) as the model writes it, or of a
+        running cell's output; it waits for the durable event it follows (stream items
+        travel apart from events, and may overtake it)."""
         text = item.event.get("delta")
+        if not isinstance(text, str) or not text:
+            return
+        if (item.after or 0) > self._seq:
+            self._held.append(item)
+            return
         kind = _BLOCK_OF_DELTA.get(str(item.event.get("type")))
-        if kind is None or not isinstance(text, str) or not text:
-            return
-        after = item.after or 0
-        if after > self._seq:
-            self._held_deltas.append((after, kind, text))
-            return
-        await self._stream(kind, text)
+        if kind is not None:
+            await self._stream(kind, text)
+        elif item.event.get("type") == "tool_output":
+            await self._cell_update(str(item.event.get("tool_call_id") or ""), text)
+
+    async def _cell_update(self, call_id: str, delta: str) -> None:
+        """``tool_execution_update``: the cell's output so far (a client replaces its view)."""
+        if call_id not in self._cell_calls:
+            return  # its start went out before we followed the session, or never will
+        name, args = self._cell_calls[call_id]
+        so_far = self._cell_output.get(call_id, "") + delta
+        self._cell_output[call_id] = so_far
+        await self.emit(
+            {
+                "type": "tool_execution_update",
+                "toolCallId": call_id,
+                "toolName": name,
+                "args": args,
+                "partialResult": {"content": [{"type": "text", "text": so_far}], "details": {}},
+            }
+        )
 
     async def _stream(self, kind: str, delta: str) -> None:
         """``kind``'s block grows by ``delta``; a new kind ends the block before it."""
@@ -280,6 +303,7 @@ class RpcServer:
             for block in message.get("content") or []:
                 if block.get("type") == "toolCall":
                     self._pending_calls.add(block["id"])
+                    self._cell_calls[block["id"]] = (block["name"], block["arguments"])
                     await self.emit(
                         {
                             "type": "tool_execution_start",
@@ -292,6 +316,8 @@ class RpcServer:
                 await self._close_turn()
         elif kind == "tool_result" and message is not None:
             self._pending_calls.discard(str(message["toolCallId"]))
+            self._cell_calls.pop(str(message["toolCallId"]), None)
+            self._cell_output.pop(str(message["toolCallId"]), None)
             self._turn_results.append(message)
             await self.emit(
                 {

@@ -29,6 +29,7 @@ __all__ = [
     "CellError",
     "CellResult",
     "CellStatus",
+    "OutputListener",
     "ResourceLimits",
     "Sandbox",
     "SandboxBackend",
@@ -41,6 +42,10 @@ __all__ = [
     "checked_skill_dirs",
     "with_import_path",
 ]
+
+# Called with (stream, text) for each piece of a running cell's output, cleaned as the result
+# will hold it (stdout, stderr, result, display, traceback); for live views only.
+OutputListener = Callable[[str, str], None]
 
 log = logging.getLogger(__name__)
 
@@ -231,11 +236,19 @@ class Sandbox(abc.ABC):
         raise SandboxError(f"{type(self).__name__} cannot run host code")
 
     @abc.abstractmethod
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        cell_id: str,
+        on_output: OutputListener | None = None,
+    ) -> CellResult:
         """Run ``code``; on timeout interrupt, and restart the kernel if it does not stop in time.
 
         Never raises for problems inside the cell; raises ``SandboxError`` only when the sandbox
-        itself is unusable and could not be recovered.
+        itself is unusable and could not be recovered. ``on_output`` sees the cell's output as
+        it arrives, cleaned (``OutputListener``); the result holds it all the same.
         """
 
     @abc.abstractmethod

@@ -44,6 +44,7 @@ from orchestrator.instance import instance_id
 from orchestrator.paths import Paths
 from orchestrator.sandbox.base import (
     CellResult,
+    OutputListener,
     ResourceLimits,
     Sandbox,
     SandboxBackend,
@@ -466,7 +467,14 @@ class DockerSandbox(Sandbox):
 
     # --- Sandbox ----------------------------------------------------------------------------
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        cell_id: str,
+        on_output: OutputListener | None = None,
+    ) -> CellResult:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         async with self._lock:
@@ -489,13 +497,17 @@ class DockerSandbox(Sandbox):
                 # Before the cell was sent: the container is gone or wedged. Replace it and run
                 # the cell in the new one.
                 notice = await self._replace(await self._loss_reason(exc))
-            result = await self._run_cell(code, timeout_s=timeout_s, cell_id=cell_id)
+            result = await self._run_cell(
+                code, timeout_s=timeout_s, cell_id=cell_id, on_output=on_output
+            )
             if notice:
                 result.notice = f"{notice} {result.notice}".strip()
                 result.kernel_restarted = True
             return result
 
-    async def _run_cell(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def _run_cell(
+        self, code: str, *, timeout_s: float, cell_id: str, on_output: OutputListener | None
+    ) -> CellResult:
         assert self.client is not None
         # Cell outputs live in the container's own directory, mounted at the same path inside
         # (docker_run.outputs_dir): the model opens the path it is told from its REPL.
@@ -503,6 +515,7 @@ class DockerSandbox(Sandbox):
         collector = OutputCollector(
             cap_chars=self.backend.output_cap_chars,
             artifact_path=artifact_path_for(root, cell_id),
+            listener=on_output,
         )
         started = time.monotonic()
         limit = timeout_s + self.backend.interrupt_grace_s + self.backend.hang_allowance_s

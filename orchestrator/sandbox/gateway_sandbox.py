@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError
-from orchestrator.sandbox.base import CellResult, Sandbox, SandboxSpec
+from orchestrator.sandbox.base import CellResult, OutputListener, Sandbox, SandboxSpec
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 
@@ -96,7 +96,14 @@ class GatewaySandbox(Sandbox):
         """Where a cell's full output is written (host side)."""
         return self.spec.artifacts_dir
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        cell_id: str,
+        on_output: OutputListener | None = None,
+    ) -> CellResult:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive")
         async with self._lock:
@@ -106,6 +113,7 @@ class GatewaySandbox(Sandbox):
                 collector = OutputCollector(
                     cap_chars=self.output_cap_chars,
                     artifact_path=artifact_path_for(self._artifact_root(), cell_id),
+                    listener=on_output,
                 )
                 try:
                     result = await client.execute(

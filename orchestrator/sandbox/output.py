@@ -22,6 +22,7 @@ the cell's artifact and the collector's own (partial) file is removed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 from collections import deque
@@ -30,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from orchestrator.sandbox.base import CellError, CellResult, CellStatus
+from orchestrator.sandbox.base import CellError, CellResult, CellStatus, OutputListener
 
 __all__ = [
     "ARTIFACT_SUBDIR",
+    "LIVE_OUTPUT_MAX_CHARS",
     "SPILL_AFTER_CHARS",
     "STREAMS",
     "BoundedText",
@@ -48,6 +50,8 @@ __all__ = [
 
 StreamName = Literal["stdout", "stderr", "result", "display", "traceback"]
 STREAMS: tuple[StreamName, ...] = ("stdout", "stderr", "result", "display", "traceback")
+log = logging.getLogger(__name__)
+
 ARTIFACT_SUBDIR = "outputs"
 # A line with no newline (a progress bar, 10 MB of "x") is committed once it is this long, so
 # the pending-line buffer that ``\r`` handling needs stays bounded too.
@@ -59,6 +63,9 @@ ARTIFACT_STREAM_HEADER = "\n===== {name} =====\n"
 # A stream past this many characters (raw, in one cell) is written to a file by the kernel
 # instead of being sent (orchestrator/runtime/spill.py); at least the cap itself.
 SPILL_AFTER_CHARS = 1024 * 1024
+# How much of one cell's output a live view is shown as it arrives (the result has it all, up
+# to the cap): enough to watch a cell work, not a copy of a flood.
+LIVE_OUTPUT_MAX_CHARS = 64 * 1024
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), DCS/SOS/PM/APC (ESC P|X|^|_ ... ST), and
 # the remaining two-character escapes. 8-bit C1 controls are removed with the other controls.
@@ -258,9 +265,15 @@ class BoundedText:
 class OutputCollector:
     """Everything one cell printed, bounded and cleaned; see the module docstring."""
 
-    def __init__(self, *, cap_chars: int, artifact_path: Path):
+    def __init__(
+        self, *, cap_chars: int, artifact_path: Path, listener: OutputListener | None = None
+    ):
         self.cap_chars = cap_chars
         self.artifact_path = artifact_path
+        # Shown live (a client's view of the running cell), up to LIVE_OUTPUT_MAX_CHARS: what
+        # the model is given is the result, bounded by the cap, never this.
+        self._listener = listener
+        self._live_chars = 0
         self._cleaners = {name: StreamCleaner() for name in STREAMS}
         self._texts = {name: BoundedText(cap_chars) for name in STREAMS}
         # Until the first cut, the chronological log of committed chunks (bounded: no stream
@@ -407,6 +420,14 @@ class OutputCollector:
     def _commit(self, stream: StreamName, text: str) -> None:
         if not text:
             return
+        if self._listener is not None and self._live_chars < LIVE_OUTPUT_MAX_CHARS:
+            piece = text[: LIVE_OUTPUT_MAX_CHARS - self._live_chars]
+            self._live_chars += len(piece)
+            try:
+                self._listener(stream, piece)
+            except Exception:  # a view's failure is never the cell's
+                log.exception("live output listener failed; it is dropped for this cell")
+                self._listener = None
         bounded = self._texts[stream]
         bounded.add(text)
         if self._log is not None:

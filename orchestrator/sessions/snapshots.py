@@ -30,7 +30,14 @@ from orchestrator.errors import SandboxError
 from orchestrator.ids import validate_session_id
 from orchestrator.paths import Paths, ensure_private_dir
 from orchestrator.runtime.snapshot import NOT_PREPARED, read_manifest
-from orchestrator.sandbox.base import CellResult, Sandbox, SandboxInfo, SandboxRef, SilentRunner
+from orchestrator.sandbox.base import (
+    CellResult,
+    OutputListener,
+    Sandbox,
+    SandboxInfo,
+    SandboxRef,
+    SilentRunner,
+)
 from orchestrator.settings import SNAPSHOT_DEBOUNCE_S
 
 __all__ = [
@@ -372,9 +379,18 @@ class KeptSandbox(Sandbox):
     def ref(self, value: SandboxRef) -> None:
         self.inner.ref = value
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout_s: float,
+        cell_id: str,
+        on_output: OutputListener | None = None,
+    ) -> CellResult:
         try:
-            result = await self.inner.execute(code, timeout_s=timeout_s, cell_id=cell_id)
+            result = await self.inner.execute(
+                code, timeout_s=timeout_s, cell_id=cell_id, on_output=on_output
+            )
         except asyncio.CancelledError:
             self.keeper.cell_done(self)  # interrupted part-way: it may have changed things
             raise

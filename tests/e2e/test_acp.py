@@ -116,12 +116,18 @@ async def test_a_turn_streams_its_cell_and_answer_and_ends_with_the_lifecycle(
     )
     assert call["rawInput"] == {"code": "print(6 * 7)"}
     assert call["content"][0]["content"]["text"] == "```python\nprint(6 * 7)\n```"
-    done = next(u for u in seen.updates if u["sessionUpdate"] == "tool_call_update")
+    updates = [u for u in seen.updates if u["sessionUpdate"] == "tool_call_update"]
+    *running, done = updates
     assert done["status"] == "completed" and done["toolCallId"] == call["toolCallId"]
     assert done["content"][-1]["content"]["text"].strip() == "42"
+    # While it ran: in-progress updates with the cell and its output so far.
+    assert running and {u["status"] for u in running} == {"in_progress"}
+    assert running[-1]["content"][0] == call["content"][0]
+    assert running[-1]["content"][-1]["content"]["text"] == "42\n"
     # The answer streamed as the model wrote it (deltas), after the cell's update, and once:
     # no second copy when the stored reply arrives.
-    tail = seen.updates[kinds.index("tool_call_update") + 1 :]
+    last_update = len(kinds) - 1 - kinds[::-1].index("tool_call_update")
+    tail = seen.updates[last_update + 1 :]
     said = [
         u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_message_chunk"
     ]

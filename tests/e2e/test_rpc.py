@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,14 @@ from tests.helpers import model_behind_a_daemon
 TURN_TIMEOUT_S = 120.0
 SCRIPT = """
 repeat forever:
+    when "watch it work":
+        code:
+            import time
+            print("first line", flush=True)
+            time.sleep(1)
+            print("second line")
+    when "second line":
+        text: done watching
     when "compute":
         code: print(6 * 7)
     when "42":
@@ -112,13 +121,15 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
             {"type": "thinking", "thinking": thought},
             {"type": "text", "text": streamed},
         ]
-        events = [e for i, e in enumerate(events) if e != "message_update" or events[i - 1] != e]
+        repeated = ("message_update", "tool_execution_update")
+        events = [e for i, e in enumerate(events) if e not in repeated or events[i - 1] != e]
         assert events == [
             "agent_start",
             "turn_start",
             "message_start", "message_end",  # the user's
             "message_start", "message_end",  # the assistant's cell
             "tool_execution_start",
+            "tool_execution_update",  # its output as it came
             "message_start", "message_end",  # the tool result
             "tool_execution_end",
             "turn_end",
@@ -188,3 +199,24 @@ async def test_framing_is_lf_only_and_a_busy_agent_needs_a_streaming_behaviour(
         assert queued["success"]
         assert (await rpc.call({"type": "abort"}))["success"]
         await rpc.read_until(lambda x: x["type"] == "agent_end")
+
+
+async def test_a_running_cells_output_streams_as_tool_execution_update(
+    model: FakeModelServer, tmp_path: Path
+) -> None:
+    async with _rpc(model, tmp_path) as rpc:
+        await rpc.call({"type": "prompt", "message": "watch it work"})
+        await rpc.read_until(lambda x: x["type"] == "agent_end")
+    kinds = [x["type"] for x in rpc.lines]
+    updates = [x for x in rpc.lines if x["type"] == "tool_execution_update"]
+    assert updates, kinds
+    start, end = kinds.index("tool_execution_start"), kinds.index("tool_execution_end")
+    assert (
+        start < kinds.index("tool_execution_update")
+        and kinds[::-1].index("tool_execution_update") > len(kinds) - 1 - end
+    )
+    # The first line was shown while the cell still ran; each update has all output so far.
+    texts = [u["partialResult"]["content"][0]["text"] for u in updates]
+    assert texts[0] == "first line\n"
+    assert all(later.startswith(earlier) for earlier, later in pairwise(texts))
+    assert texts[-1] == "first line\nsecond line\n"

@@ -15,6 +15,7 @@ from orchestrator.cli.acp_updates import (
     GateTally,
     cell_content,
     cell_title,
+    running_cell_update,
     updates_for_event,
 )
 from orchestrator.cli.coding_agent_models import CODING_AGENT_DIR_ENV, resolve_provider_model
@@ -151,3 +152,16 @@ def test_the_autonomous_meta_counts_gate_attempts_as_prime_agent_does() -> None:
     tally.record({"command": "lint", "passed": True, "attempt": 2})
     tally.record({"command": "pytest", "passed": True, "attempt": 3})
     assert "gateAttempt" not in tally.meta(state) and "gateFailure" not in tally.meta(state)
+
+
+def test_a_running_cell_is_an_in_progress_update_with_its_output_so_far() -> None:
+    update = running_cell_update("c1", "print(1)", "1\n")
+    assert update == {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": "c1",
+        "status": "in_progress",
+        "content": [
+            cell_content("print(1)"),
+            {"type": "content", "content": {"type": "text", "text": "1\n"}},
+        ],
+    }

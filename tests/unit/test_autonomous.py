@@ -95,7 +95,9 @@ class ScriptedSandbox(Sandbox):
         self.script = list(script or [])
         self.cells: list[str] = []
 
-    async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+    async def execute(
+        self, code: str, *, timeout_s: float, cell_id: str, on_output: Any = None
+    ) -> CellResult:
         self.cells.append(code)
         item = self.script.pop(0)
         if isinstance(item, CellResult):
@@ -765,7 +767,9 @@ async def test_run_gate_reads_the_artifact_when_the_report_line_was_cut(tmp_path
 
 async def test_run_gate_survives_an_unusable_sandbox() -> None:
     class Broken(ScriptedSandbox):
-        async def execute(self, code: str, *, timeout_s: float, cell_id: str) -> CellResult:
+        async def execute(
+            self, code: str, *, timeout_s: float, cell_id: str, on_output: Any = None
+        ) -> CellResult:
             raise SandboxError("the gateway is gone")
 
     gate = await run_gate(Broken(), GATE, cwd="/w", timeout_s=5, cell_id="g")

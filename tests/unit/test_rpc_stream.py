@@ -106,3 +106,36 @@ async def test_thinking_streams_as_its_own_block_before_the_text() -> None:
         {"type": "thinking", "thinking": "Greet them."},
         {"type": "text", "text": "Hello world"},
     ]
+
+
+def _output(call_id: str, text: str, after: int) -> Stream:
+    event = {"type": "tool_output", "tool_call_id": call_id, "stream": "stdout", "delta": text}
+    return Stream(session=SESSION, event=event, after=after)
+
+
+CELL = {
+    "text": "",
+    "provider": "openai",
+    "model": "fake",
+    "stop_reason": "tool_calls",
+    "tool_calls": [{"id": "c1", "name": "ipython", "arguments": '{"code": "work()"}'}],
+}
+
+
+async def test_a_running_cells_output_is_tool_execution_update_with_all_of_it_so_far() -> None:
+    out: list[dict[str, Any]] = []
+    rpc = _server(out)
+    await rpc._on_durable(_event(1, "user_message", USER))
+    # Output that overtakes the call it belongs to waits for it.
+    await rpc._on_delta(_output("c1", "one\n", after=2))
+    await rpc._on_durable(_event(2, "assistant_message", CELL))
+    await rpc._on_delta(_output("c1", "two\n", after=2))
+    await rpc._on_durable(_event(3, "tool_result", {"tool_call_id": "c1", "text": "one\ntwo\n"}))
+    await rpc._on_delta(_output("c1", "late\n", after=3))  # after its end: dropped
+    kinds = [x["type"] for x in out]
+    start, end = kinds.index("tool_execution_start"), kinds.index("tool_execution_end")
+    updates = [x for x in out if x["type"] == "tool_execution_update"]
+    assert [kinds.index("tool_execution_update"), len(updates)] == [start + 1, 2]
+    assert kinds.count("tool_execution_update") == 2 and end > start + 2
+    assert [u["partialResult"]["content"][0]["text"] for u in updates] == ["one\n", "one\ntwo\n"]
+    assert updates[0]["args"] == {"code": "work()"} and updates[0]["toolName"] == "ipython"

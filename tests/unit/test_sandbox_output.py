@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.sandbox.output import (
     ARTIFACT_SUBDIR,
+    LIVE_OUTPUT_MAX_CHARS,
     MAX_PENDING_LINE_CHARS,
     BoundedText,
     OutputCollector,
@@ -290,3 +291,40 @@ def test_a_spilled_block_is_head_marker_tail(tmp_path: Path) -> None:
     assert head == "h" * 500 and tail.endswith("\n" + "t" * 500)
     assert f"of result (50000 bytes) are in {spill_file}" in r.result
     assert r.artifact_path == spill_file and r.artifact_bytes == 50_000
+
+
+def test_a_live_listener_sees_the_cleaned_output_up_to_its_bound(tmp_path: Path) -> None:
+    seen: list[tuple[str, str]] = []
+    collector = OutputCollector(
+        cap_chars=CAP,
+        artifact_path=artifact_path_for(tmp_path, "cell-live"),
+        listener=lambda stream, text: seen.append((stream, text)),
+    )
+    collector.add("stdout", "a\x1b[31mred\x1b[0m\n")
+    collector.add("stderr", "warn\n")
+    assert seen == [("stdout", "ared\n"), ("stderr", "warn\n")]
+    # Past LIVE_OUTPUT_MAX_CHARS the listener hears nothing more; the result is bounded by the
+    # cap, not by the listener.
+    collector.add("stdout", "x" * (LIVE_OUTPUT_MAX_CHARS * 2) + "\n")
+    assert sum(len(text) for _, text in seen) == LIVE_OUTPUT_MAX_CHARS
+    collector.add("stdout", "more\n")
+    assert sum(len(text) for _, text in seen) == LIVE_OUTPUT_MAX_CHARS
+    collector.close()
+
+
+def test_a_failing_listener_is_dropped_and_the_cell_goes_on(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def broken(stream: str, text: str) -> None:
+        calls.append(text)
+        raise RuntimeError("the view broke")
+
+    collector = OutputCollector(
+        cap_chars=1000, artifact_path=artifact_path_for(tmp_path, "cell-x"), listener=broken
+    )
+    collector.add("stdout", "one\n")
+    collector.add("stdout", "two\n")
+    assert calls == ["one\n"]
+    result = collector.result("ok", duration_ms=1.0)
+    assert result.stdout == "one\ntwo\n"
+    collector.close()

@@ -60,6 +60,15 @@ def test_streamed_text_is_replaced_by_the_stored_message() -> None:
     )
     assert t.stream({"type": "tool_start", "tool_call_id": "c"}) is t.items[2]
     assert t.items[2].label == "running"
+    # Its output shows as it comes; the stored result replaces it.
+    for piece in ("1\n", "2\n"):
+        assert t.stream({"type": "tool_output", "tool_call_id": "c", "delta": piece}) is t.items[2]
+    assert t.items[2].output == "1\n2\n"
+    t.apply(ev(3, "tool_result", tool_call_id="c", text="1\n2\n3\n"))
+    assert t.items[2].output == "1\n2\n3\n" and t.items[2].label == "ok"
+    # Output arriving after the result changes nothing.
+    t.stream({"type": "tool_output", "tool_call_id": "c", "delta": "late"})
+    assert t.items[2].output == "1\n2\n3\n"
 
 
 def test_deltas_pushed_while_the_replay_was_read_do_not_repeat_its_answer() -> None:
