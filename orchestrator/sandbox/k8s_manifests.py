@@ -78,7 +78,7 @@ POD_HOSTNAME: Final = "sandbox"
 GATEWAY_PORT_NAME: Final = "gateway"
 LISTEN_ALL: Final = "0.0.0.0"
 # The session's Secret, mounted read-only: one file per key, readable by the pod's group only.
-SECRET_DIR: Final = "/var/run/prime-agent"
+SECRET_DIR: Final = "/run/secrets/prime-agent"
 SECRET_FILE_MODE: Final = 0o440
 TOKEN_KEY: Final = "gateway-token"
 # NATS credentials: the kernel env names the bus hands a session (bus/credentials.py) -> file.
