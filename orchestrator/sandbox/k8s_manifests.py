@@ -13,6 +13,7 @@ Kubernetes schemas.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +73,9 @@ LABEL_SESSION: Final = "prime-agent/session"
 LABEL_ROOT: Final = "prime-agent/root"
 
 POD_NAME_PREFIX: Final = "prime-agent-"
+# What a session id must be to name a pod (inside a DNS label) and be a label value: lower
+# case, digits and '-', at most 40 characters so that the pod's whole name stays a DNS label.
+LABEL_VALUE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 POD_SUFFIX_BYTES: Final = 3
 CONTAINER_NAME: Final = "sandbox"
 POD_HOSTNAME: Final = "sandbox"
@@ -124,8 +128,13 @@ class SessionPod:
 
 
 def pod_name(session_id: str, suffix: str | None = None) -> str:
-    """A new pod's name for ``session_id`` (a session id is already a DNS label); the Secret
-    and the NetworkPolicy of that pod share it."""
+    """A new pod's name for ``session_id``; the Secret and the NetworkPolicy of that pod share
+    it. ``SandboxStartError`` when the session id cannot be part of a name or a label value
+    (ours, ``s-`` and base32, always can)."""
+    if not LABEL_VALUE.match(session_id):
+        raise SandboxStartError(
+            f"session id {session_id!r} cannot name a pod: use lower-case letters, digits and '-'"
+        )
     tail = suffix if suffix is not None else secrets.token_hex(POD_SUFFIX_BYTES)
     return f"{POD_NAME_PREFIX}{session_id}-{tail}"
 

@@ -14,6 +14,8 @@ from typing import Any, Final
 import pytest
 import yaml
 
+from orchestrator.bus.operator import AUTH_CONFIG_FILE, OperatorSetup
+from orchestrator.bus.process import find_nats_server_binary
 from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.confined import CONTAINER_NATS_PORT
 from orchestrator.sandbox.k8s_manifests import (
@@ -172,6 +174,36 @@ def test_nats_is_a_jetstream_cluster_in_operator_mode(kubectl: str) -> None:
     volumes = {v["name"]: v for v in nats["spec"]["template"]["spec"]["volumes"]}
     assert volumes["auth"]["secret"]["secretName"] == "nats-auth"
     assert nats["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+def test_the_nats_server_accepts_its_config(kubectl: str, tmp_path: Path) -> None:
+    """The rendered nats.conf, with the auth part `operator init` writes at the path the
+    Secret nats-auth is mounted, passes the real nats-server's own check (``-t``: unknown
+    fields, bad JWTs and a missing include all fail it)."""
+    objects = render(kubectl, BASE)
+    nats = one(objects, "StatefulSet")
+    (container,) = nats["spec"]["template"]["spec"]["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    config_path = Path(container["args"][container["args"].index("--config") + 1])
+    assert mounts["config"] == str(config_path)
+    auth_dir = tmp_path / Path(mounts["auth"]).relative_to(config_path.parent)
+    auth_dir.mkdir(parents=True)
+    setup_dir = tmp_path / "operator"
+    OperatorSetup.generate().write(setup_dir)
+    (auth_dir / "auth.conf").write_bytes((setup_dir / AUTH_CONFIG_FILE).read_bytes())
+    config = tmp_path / config_path.name
+    config.write_text(one(objects, "ConfigMap", "nats-config")["data"]["nats.conf"])
+    checked = subprocess.run(
+        [find_nats_server_binary(), "-t", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=KUSTOMIZE_TIMEOUT_S,
+        env={"SERVER_NAME": "nats-0"},  # what the pod's env gives it
+        cwd=tmp_path,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stderr
+    assert "is valid" in checked.stdout + checked.stderr
 
 
 def test_the_orchestrator_keeps_its_store_on_a_volume_and_never_runs_twice(

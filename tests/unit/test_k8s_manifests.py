@@ -63,6 +63,7 @@ PASSWORD_ENV = {
     ENV_NATS_PASSWORD: "password-value",
 }
 GIB = 1024**3
+DNS_LABEL_MAX = 63
 
 
 def policy(**changes: Any) -> StoredSandboxPolicy:
@@ -254,6 +255,14 @@ def test_ownership_labels_name_instance_session_and_root() -> None:
 def test_pod_names_are_unique_per_start() -> None:
     first, second = pod_name(SESSION), pod_name(SESSION)
     assert first != second and first.startswith(f"prime-agent-{SESSION}-")
+    assert len(first) <= DNS_LABEL_MAX
+
+
+@pytest.mark.parametrize("session_id", ["S-UPPER", "pol_underscore", "x" * 41, "-dash", ""])
+def test_a_session_id_that_cannot_name_a_pod_is_one_line(session_id: str) -> None:
+    with pytest.raises(SandboxStartError) as caught:
+        pod_name(session_id)
+    assert "\n" not in str(caught.value) and "lower-case" in str(caught.value)
 
 
 def test_the_secret_holds_the_token_and_the_nats_credentials_as_files() -> None:
