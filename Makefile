@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= build/demo
 DEMO_TASK ?= The file notes.txt in your working directory has 2000 lines. Exactly one line states a number. Find that line with Python and answer with the number.
 
-.PHONY: install bubblewrap demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda
+.PHONY: install bubblewrap kubectl demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda
 
-install: $(STAMP) bubblewrap
+install: $(STAMP) bubblewrap kubectl
 
 # The bwrap sandbox backend needs bubblewrap (docs/docker.md, "Backend selection"). As root
 # with apt-get (CI, a fresh container) it is installed, refreshing the package lists only when the
@@ -28,6 +28,22 @@ bubblewrap:
 	    || echo "could not install bubblewrap with apt-get: the bwrap backend is unavailable"; \
 	else \
 	  echo "bubblewrap is not installed: the bwrap sandbox backend needs it (sudo apt-get install bubblewrap, or dnf install bubblewrap)"; \
+	fi
+
+# The k8s/ tests render the manifests with `kubectl kustomize` (docs/kubernetes.md): Debian's
+# kubernetes-client package has it (kubectl 1.20, kustomize v2.0.3, which k8s/ is written for).
+# Installed like bubblewrap: as root with apt-get; anyone else is told how, once.
+kubectl:
+	@if command -v kubectl >/dev/null 2>&1; then \
+	  :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing kubernetes-client (kubectl, to render k8s/)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q kubernetes-client >/dev/null 2>&1 \
+	    || { apt-get update -q >/dev/null && apt-get install -y -q kubernetes-client >/dev/null; } \
+	    || echo "could not install kubernetes-client with apt-get: the k8s/ tests cannot run (they fail with CI=true)"; \
+	else \
+	  echo "kubectl is not installed: the k8s/ tests need it (sudo apt-get install kubernetes-client)"; \
 	fi
 
 # Byte-compiling matters: with PYTHONDONTWRITEBYTECODE set, litellm alone takes ~9 s to import

@@ -35,6 +35,12 @@ The config file is ``$XDG_CONFIG_HOME/prime-agent/config.toml``::
     outcome_turns = 10                       # turns before/after a refinement compared
     skills = true                            # list SKILL.md skills in the prompt
 
+    [kubernetes]                             # docs/kubernetes.md (manifests only, so far)
+    namespace = "prime-agent"
+    image_registry = "registry.example:5000/"   # put before the session image's tag
+    runtime_class = "gvisor"                 # optional: gVisor, Kata
+    gpus = 0                                 # nvidia.com/gpu per session pod
+
     [nats]                                   # optional: an external server (docs/bus.md)
     url = "nats://nats.example:4222"
     account = "A..."                         # the account's public key
@@ -46,7 +52,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -65,6 +71,12 @@ __all__ = [
     "HARNESS_OUTCOME_TURNS",
     "IDLE_UNLOAD_MINUTES",
     "INTERRUPT_GRACE_S",
+    "K8S_GATEWAY_PORT",
+    "K8S_HOME_MIB",
+    "K8S_NAMESPACE",
+    "K8S_POOL_SIZE",
+    "K8S_TMP_MIB",
+    "K8S_WORKSPACE_MIB",
     "MODEL_MAX_RETRIES",
     "MODEL_STREAM_IDLE_TIMEOUT_S",
     "NATS_SESSION_CREDENTIALS_TTL_S",
@@ -84,6 +96,7 @@ __all__ = [
     "EmbeddedSettings",
     "EmbeddedVariant",
     "HarnessSettings",
+    "KubernetesSettings",
     "ModelConfig",
     "NatsSettings",
     "ProviderLimitsConfig",
@@ -143,6 +156,18 @@ SANDBOX_CPUS = 1.0
 SANDBOX_PIDS_LIMIT = 256
 SANDBOX_PIDS_MIN = 32  # gateway, kernel and their threads
 MIB = 1024**2
+# Kubernetes (Settings.kubernetes; docs/kubernetes.md): the namespace of the orchestrator and
+# its session pods, the port a pod's gateway listens on, the warm pool, and the size limits of a
+# pod's writable directories (/tmp and home in memory, as docker's tmpfs; the workspace on disk).
+K8S_NAMESPACE: Final = "prime-agent"
+K8S_GATEWAY_PORT: Final = 8888
+K8S_POOL_SIZE: Final = 0
+K8S_TMP_MIB: Final = 512
+K8S_HOME_MIB: Final = 256
+K8S_WORKSPACE_MIB: Final = 4096
+K8S_PORT_MAX: Final = 65535
+# A DNS-1123 label (a namespace, a RuntimeClass name): lower case, digits, '-', at most 63.
+DNS_LABEL_PATTERN: Final = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Compaction (docs/spec.md §5, docs/compaction.md; Settings.compaction): compact when the context
 # passes the model's window minus the reserve; keep the newest tokens verbatim; after it, kernel
 # variables larger than the drop size may be dropped (and the model is told which).
@@ -231,6 +256,28 @@ class DaemonSettings(_Strict):
     model_workers: int | None = Field(default=None, ge=0)
 
 
+class KubernetesSettings(_Strict):
+    """``[kubernetes]``: where session pods run and how they are built (docs/kubernetes.md).
+
+    ``context``: the kubeconfig context (None: the current one, or in-cluster). ``image_registry``
+    is put before the session image's tag (``prime-agent/session:latest``), as the cluster pulls
+    it from there. ``runtime_class``: a RuntimeClass for every session pod (gVisor, Kata).
+    ``gpus``: ``nvidia.com/gpu`` each session pod asks for. ``pool_size``: ready pods kept warm.
+    """
+
+    context: str | None = Field(default=None, min_length=1)
+    namespace: str = Field(default=K8S_NAMESPACE, pattern=DNS_LABEL_PATTERN)
+    image_registry: str = Field(default="", pattern=r"^(\S+/)?$")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    runtime_class: str | None = Field(default=None, pattern=DNS_LABEL_PATTERN)
+    gpus: int = Field(default=0, ge=0)
+    pool_size: int = Field(default=K8S_POOL_SIZE, ge=0)
+    gateway_port: int = Field(default=K8S_GATEWAY_PORT, ge=1, le=K8S_PORT_MAX)
+    tmp_mib: int = Field(default=K8S_TMP_MIB, ge=1)
+    home_mib: int = Field(default=K8S_HOME_MIB, ge=1)
+    workspace_mib: int = Field(default=K8S_WORKSPACE_MIB, ge=1)
+
+
 class NatsSettings(_Strict):
     """``[nats]``: an external NATS server in operator mode instead of the embedded one."""
 
@@ -248,6 +295,7 @@ class Settings(_Strict):
     embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     nats: NatsSettings = Field(default_factory=NatsSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)

@@ -35,6 +35,7 @@ from orchestrator.procs import ChildProcess, ChildStartError, start_child
 
 __all__ = [
     "ACCOUNT_JWT_FILE",
+    "AUTH_CONFIG_FILE",
     "JETSTREAM_DISK_BYTES",
     "JETSTREAM_MEMORY_BYTES",
     "OPERATOR_JWT_FILE",
@@ -57,6 +58,7 @@ OPERATOR_JWT_FILE: Final = "operator.jwt"
 ACCOUNT_JWT_FILE: Final = "account.jwt"
 SIGNING_SEED_FILE: Final = "account-signing.nk"
 SERVER_CONFIG_FILE: Final = "nats-server.conf"
+AUTH_CONFIG_FILE: Final = "nats-auth.conf"  # auth_config() alone, for a server of one's own
 SERVER_LOG_FILE: Final = "nats-server.log"
 STORE_SUBDIR: Final = "jetstream"
 
@@ -123,6 +125,18 @@ class OperatorSetup:
         config: dict[str, Any] = {
             "listen": f"{host}:{port}",
             "max_payload": SERVER_MAX_PAYLOAD_BYTES,
+            **self.auth_config(),
+            "jetstream": {"store_dir": str(store_dir)},
+        }
+        if ports_file_dir is not None:
+            config["ports_file_dir"] = str(ports_file_dir)
+        return config
+
+    def auth_config(self) -> dict[str, Any]:
+        """The operator-mode part of a server config alone: the operator JWT, the system
+        account and the account JWTs preloaded into a memory resolver. k8s/'s NATS includes it
+        from the Secret nats-auth (docs/kubernetes.md)."""
+        return {
             "operator": self.operator_jwt,
             "system_account": self.system_account.public,
             "resolver": "MEMORY",
@@ -130,11 +144,7 @@ class OperatorSetup:
                 self.system_account.public: self.system_account_jwt,
                 self.account.public: self.account_jwt,
             },
-            "jetstream": {"store_dir": str(store_dir)},
         }
-        if ports_file_dir is not None:
-            config["ports_file_dir"] = str(ports_file_dir)
-        return config
 
     def write(self, directory: Path, *, host: str = LOOPBACK, port: int = DEFAULT_PORT) -> Path:
         """Write the JWTs, the 0600 signing seed and a server config into ``directory``
@@ -147,6 +157,9 @@ class OperatorSetup:
         config = self.server_config(host=host, port=port, store_dir=directory / STORE_SUBDIR)
         write_private_file(
             directory / SERVER_CONFIG_FILE, json.dumps(config, indent=1).encode("ascii")
+        )
+        write_private_file(
+            directory / AUTH_CONFIG_FILE, json.dumps(self.auth_config(), indent=1).encode("ascii")
         )
         return seed_path
 
@@ -283,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Make an operator-mode NATS setup for Prime Agent's external-server mode.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    init = sub.add_parser("init", help="write operator/account JWTs, signing seed, server config")
+    init = sub.add_parser("init", help="write operator/account JWTs, signing seed, server configs")
     init.add_argument("directory", type=Path)
     init.add_argument("--host", default=LOOPBACK)
     init.add_argument("--port", type=int, default=DEFAULT_PORT)

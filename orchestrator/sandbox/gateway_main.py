@@ -36,6 +36,7 @@ import shutil
 import signal
 import sys
 import warnings
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "KERNEL_NAME",
     "TOKEN_ENV",
     "main",
+    "read_token",
     "write_kernelspec",
 ]
 
@@ -172,7 +174,23 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--unix-socket", type=Path, default=None)
     # PORT=SOCKET: relay 127.0.0.1:PORT to a Unix socket (NATS for a container without network).
     parser.add_argument("--relay", action="append", default=[], metavar="PORT=SOCKET")
+    # A Kubernetes pod: the token is a file of the session's Secret (docs/kubernetes.md).
+    parser.add_argument("--token-file", type=Path, default=None)
     return parser.parse_args(argv)
+
+
+def read_token(token_file: Path | None, environ: MutableMapping[str, str]) -> str:
+    """The gateway's token: the file's first line when ``token_file`` is given, else
+    ``$PRIME_AGENT_GATEWAY_TOKEN``; "" when there is none. The variable is removed from
+    ``environ`` either way, so no kernel inherits it."""
+    from_env = environ.pop(TOKEN_ENV, "")
+    if token_file is None:
+        return from_env
+    try:
+        lines = token_file.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    return lines[0].strip() if lines else ""
 
 
 def _prepare_environment(runtime_dir: Path, python: str) -> None:
@@ -197,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.getppid() != original_ppid:  # the parent died before the prctl took effect
             return 1
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    token = os.environ.pop(TOKEN_ENV, "")
+    token = read_token(args.token_file, os.environ)
     if not token:
-        print(f"gateway_main: ${TOKEN_ENV} is not set", file=sys.stderr)
+        where = args.token_file or f"${TOKEN_ENV}"
+        print(f"gateway_main: no token in {where}", file=sys.stderr)
         return 2
     runtime_dir: Path = args.runtime_dir.resolve()
     _prepare_environment(runtime_dir, args.python)

@@ -34,6 +34,7 @@ from orchestrator.bus.nats_jwt import (
 )
 from orchestrator.bus.operator import (
     ACCOUNT_JWT_FILE,
+    AUTH_CONFIG_FILE,
     OPERATOR_JWT_FILE,
     SERVER_CONFIG_FILE,
     SIGNING_SEED_FILE,
@@ -393,6 +394,11 @@ def test_operator_helper_writes_private_files(
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert stat.S_IMODE(seed_path.stat().st_mode) == 0o600
     assert stat.S_IMODE((directory / SERVER_CONFIG_FILE).stat().st_mode) == 0o600
+    # The auth part alone (k8s/'s NATS includes it) is the whole config's, and as private.
+    auth = json.loads((directory / AUTH_CONFIG_FILE).read_text())
+    whole = json.loads((directory / SERVER_CONFIG_FILE).read_text())
+    assert auth == {key: whole[key] for key in auth} and "operator" in auth
+    assert stat.S_IMODE((directory / AUTH_CONFIG_FILE).stat().st_mode) == 0o600
     for name in (OPERATOR_JWT_FILE, ACCOUNT_JWT_FILE):
         verify_jwt((directory / name).read_text())
     seed = seed_path.read_text().strip()

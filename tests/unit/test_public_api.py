@@ -47,6 +47,7 @@ EXPORTED = [
     "HarnessSettings",
     "IllegalTransition",
     "KernelDied",
+    "KubernetesSettings",
     "MissingCredentials",
     "ModelConfig",
     "ModelError",
