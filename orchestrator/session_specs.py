@@ -27,6 +27,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.mcp_config import McpServerConfig
+
 __all__ = [
     "MAX_PROMPT_CHARS",
     "MODEL_SPEC_VERSION",
@@ -140,6 +142,9 @@ class StoredRunSettings(_Spec):
     append_system_prompt: str | None = Field(
         default=None, min_length=1, max_length=MAX_PROMPT_CHARS
     )
+    # MCP servers the run brought (``--mcp-config``, an ACP client's ``session/new``): the
+    # family's own, run by the orchestrator beside the config's (docs/mcp.md).
+    mcp_servers: dict[str, McpServerConfig] | None = None
 
     @property
     def empty(self) -> bool:
@@ -155,4 +160,5 @@ class StoredRunSettings(_Spec):
             self.system_prompt,
             self.append_system_prompt,
         )
-        return not chose_compaction and all(value is None for value in scalars)
+        chose_mcp = bool(self.mcp_servers)
+        return not chose_compaction and not chose_mcp and all(v is None for v in scalars)

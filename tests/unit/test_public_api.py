@@ -47,6 +47,7 @@ EXPORTED = [
     "HarnessSettings",
     "IllegalTransition",
     "KernelDied",
+    "McpError",
     "MissingCredentials",
     "ModelConfig",
     "ModelError",

@@ -1,0 +1,61 @@
+"""Every MCP server an orchestrator runs: the config's, shared, and each family's own.
+
+``[mcp.servers]`` servers are shared by every session; a run's own servers (``--mcp-config``,
+an ACP client's ``session/new``) belong to its family, keyed by the root session id, and shadow
+a shared server of the same name. Servers start at first use (a running loop is needed) and
+stop with ``detach`` (the family is gone) or ``close`` (the orchestrator stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from orchestrator.mcp.server import McpServer
+from orchestrator.mcp_config import McpServers
+
+__all__ = ["START_WAIT_S", "McpHub"]
+
+# How long a prompt build waits for servers still starting before it lists what is up.
+START_WAIT_S: Final = 15.0
+
+
+class McpHub:
+    def __init__(self, servers: McpServers) -> None:
+        self._shared = {name: McpServer(name, config) for name, config in servers.items()}
+        self._owned: dict[str, dict[str, McpServer]] = {}
+        self._closed = False
+
+    def attach(self, owner: str, servers: McpServers) -> None:
+        """Give ``owner``'s family these servers (started now; the same config is kept)."""
+        if self._closed or not servers:
+            return
+        mine = self._owned.setdefault(owner, {})
+        for name, config in servers.items():
+            known = mine.get(name)
+            if known is not None and known.config == config:
+                continue
+            mine[name] = McpServer(name, config)
+            mine[name].start()
+
+    async def detach(self, owner: str) -> None:
+        """Stop ``owner``'s own servers (its family is gone)."""
+        mine = self._owned.pop(owner, {})
+        await asyncio.gather(*(server.stop() for server in mine.values()))
+
+    def servers(self, owner: str) -> dict[str, McpServer]:
+        """What ``owner``'s family sees: the shared servers, its own over them; by name."""
+        if not self._closed:
+            for server in self._shared.values():
+                server.start()
+        return {**self._shared, **self._owned.get(owner, {})}
+
+    async def wait_started(self, owner: str, timeout_s: float = START_WAIT_S) -> None:
+        servers = self.servers(owner).values()
+        await asyncio.gather(*(server.wait_started(timeout_s) for server in servers))
+
+    async def close(self) -> None:
+        self._closed = True
+        owned = [server for mine in self._owned.values() for server in mine.values()]
+        self._owned.clear()
+        await asyncio.gather(*(server.stop() for server in (*self._shared.values(), *owned)))
