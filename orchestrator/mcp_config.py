@@ -20,15 +20,16 @@ from orchestrator.errors import ConfigError
 
 __all__ = [
     "MCP_SERVERS_MAX",
-    "SERVER_NAME_RE",
     "McpServerConfig",
     "McpServers",
     "load_mcp_config_file",
+    "named_servers",
     "parse_mcp_servers",
+    "python_name",
 ]
 
 # A server's name is the attribute the kernel reads it by (``mcp.NAME``): a Python name.
-SERVER_NAME_RE: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+NAME_MAX_CHARS: Final = 64
 MCP_SERVERS_MAX: Final = 32
 MCP_CONFIG_FILE_MAX_BYTES: Final = 1024 * 1024
 CLAUDE_SERVERS_KEY: Final = "mcpServers"
@@ -77,24 +78,32 @@ class McpServerConfig(BaseModel):
 McpServers = dict[str, McpServerConfig]
 
 
-def _check_names(servers: dict[str, Any], where: str) -> None:
-    if len(servers) > MCP_SERVERS_MAX:
+def python_name(name: str) -> str:
+    """The name the kernel reads a server by (``mcp.NAME``): ``my-server`` is ``my_server``."""
+    out = re.sub(r"\W", "_", name.strip(), flags=re.ASCII)[:NAME_MAX_CHARS]
+    return "_" + out if not out or out[0].isdigit() else out
+
+
+def named_servers(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """``raw`` by Python names; two names that become one are refused."""
+    if len(raw) > MCP_SERVERS_MAX:
         raise ConfigError(f"{where}: at most {MCP_SERVERS_MAX} MCP servers")
-    for name in servers:
-        if not SERVER_NAME_RE.match(name):
-            raise ConfigError(
-                f"{where}: MCP server name {name!r} must be a Python name "
-                "(letters, digits, _; not starting with a digit)"
-            )
+    out: dict[str, Any] = {}
+    for name, body in raw.items():
+        key = python_name(str(name))
+        if key in out:
+            raise ConfigError(f"{where}: two MCP servers are both named {key!r} in the kernel")
+        out[key] = body
+    return out
 
 
 def parse_mcp_servers(raw: Any, where: str) -> McpServers:
-    """``{name: {command..} | {url..}}`` as checked configs, or one ``ConfigError`` line."""
+    """``{name: {command..} | {url..}}`` as checked configs by Python names (``my-server`` is
+    ``mcp.my_server``), or one ``ConfigError`` line."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected an object of servers by name")
-    _check_names(raw, where)
     out: McpServers = {}
-    for name, body in raw.items():
+    for name, body in named_servers(raw, where).items():
         try:
             out[name] = McpServerConfig.model_validate(body)
         except ValidationError as exc:

@@ -60,7 +60,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError
-from orchestrator.mcp_config import McpServerConfig, parse_mcp_servers
+from orchestrator.mcp_config import McpServerConfig, named_servers
 from orchestrator.model_names import EMBEDDED_MODEL_NAME
 
 __all__ = [
@@ -260,9 +260,10 @@ class McpSettings(_Strict):
     @field_validator("servers", mode="before")
     @classmethod
     def _names(cls, value: object) -> object:
+        """By the names the kernel reads them by (``my-server`` is ``mcp.my_server``)."""
         if isinstance(value, dict):
             try:
-                parse_mcp_servers(value, "[mcp.servers]")
+                return named_servers(value, "[mcp.servers]")
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
         return value

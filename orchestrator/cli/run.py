@@ -151,6 +151,13 @@ def run(
             "--append-system-prompt", help="Text (or a file) added to the end of the system prompt."
         ),
     ] = None,
+    mcp_config: Annotated[
+        str | None,
+        typer.Option(
+            "--mcp-config",
+            help='MCP servers for this run: a JSON file {"mcpServers": {...}} (docs/mcp.md).',
+        ),
+    ] = None,
     provider: Annotated[
         str | None,
         typer.Option(
@@ -173,7 +180,9 @@ def run(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     choices = guarded(
-        lambda: SessionChoices.from_flags(max_turn_steps, system_prompt, append_system_prompt),
+        lambda: SessionChoices.from_flags(
+            max_turn_steps, system_prompt, append_system_prompt, mcp_config
+        ),
         debug=debug,
     )
     controls = guarded(

@@ -1,7 +1,8 @@
 """What a run's own flags choose for its session over config.toml: ``--max-turns N`` (model
 calls per user prompt), ``--system-prompt TEXT`` (instead of the built-in base prompt) and
 ``--append-system-prompt TEXT`` (after it). A value naming an existing file is read from it,
-as Prime Agent's flags are.
+as Prime Agent's flags are. ``--mcp-config FILE``: MCP servers for the run's family
+(docs/mcp.md).
 
 They travel as ``SessionSettings`` fields to the daemon (stored with the session, so a wake or
 another daemon keeps them) or as ``StoredRunSettings`` to an in-process run; the system
@@ -20,7 +21,7 @@ from orchestrator.errors import UserError
 if TYPE_CHECKING:
     from orchestrator.session_specs import StoredRunSettings
 
-__all__ = ["SessionChoices", "prompt_text"]
+__all__ = ["SessionChoices", "mcp_servers_of", "prompt_text"]
 
 
 def prompt_text(value: str | None, flag: str) -> str | None:
@@ -37,15 +38,34 @@ def prompt_text(value: str | None, flag: str) -> str | None:
     return text
 
 
+def mcp_servers_of(path: str | None) -> dict[str, Any] | None:
+    """``--mcp-config FILE`` (Claude Code's ``{"mcpServers": {...}}``) as plain JSON servers by
+    the names the kernel reads them by; checked here, so a bad file is one line now."""
+    if path is None:
+        return None
+    from orchestrator.mcp_config import load_mcp_config_file
+
+    servers = load_mcp_config_file(Path(path).expanduser())
+    return {
+        name: config.model_dump(mode="json", exclude_defaults=True)
+        for name, config in servers.items()
+    }
+
+
 @dataclass(frozen=True)
 class SessionChoices:
     max_turn_steps: int | None = None
     system_prompt: str | None = None
     append_system_prompt: str | None = None
+    mcp_servers: dict[str, Any] | None = None  # --mcp-config (docs/mcp.md)
 
     @classmethod
     def from_flags(
-        cls, max_turns: int | None, system_prompt: str | None, append_system_prompt: str | None
+        cls,
+        max_turns: int | None,
+        system_prompt: str | None,
+        append_system_prompt: str | None,
+        mcp_config: str | None = None,
     ) -> SessionChoices:
         if max_turns is not None and max_turns < 1:
             raise UserError("--max-turns must be at least 1")
@@ -53,6 +73,7 @@ class SessionChoices:
             max_turn_steps=max_turns,
             system_prompt=prompt_text(system_prompt, "--system-prompt"),
             append_system_prompt=prompt_text(append_system_prompt, "--append-system-prompt"),
+            mcp_servers=mcp_servers_of(mcp_config),
         )
 
     def fields(self) -> dict[str, Any]:
@@ -60,6 +81,7 @@ class SessionChoices:
             "max_turn_steps": self.max_turn_steps,
             "system_prompt": self.system_prompt,
             "append_system_prompt": self.append_system_prompt,
+            "mcp_servers": self.mcp_servers or None,
         }
         return {k: v for k, v in chosen.items() if v is not None}
 

@@ -72,5 +72,6 @@ def stored_run_settings(chosen: SessionSettings | None) -> StoredRunSettings | N
         max_turn_steps=chosen.max_turn_steps,
         system_prompt=chosen.system_prompt,
         append_system_prompt=chosen.append_system_prompt,
+        mcp_servers=chosen.mcp_servers,
     )
     return None if stored.empty else stored

@@ -174,20 +174,21 @@ def test_config_servers_and_the_claude_code_file(tmp_path: Path) -> None:
             {
                 "mcpServers": {
                     "fs": {"type": "stdio", "command": "npx", "args": ["fs"], "env": {}},
-                    "web": {"type": "http", "url": "http://127.0.0.1:1/mcp"},
+                    "web-2": {"type": "http", "url": "http://127.0.0.1:1/mcp"},
                 }
             }
         )
     )
     loaded = load_mcp_config_file(claude)
+    assert list(loaded) == ["fs", "web_2"]  # by the names the kernel reads them by
     assert loaded["fs"] == McpServerConfig(type="stdio", command="npx", args=("fs",))
-    assert loaded["web"].url == "http://127.0.0.1:1/mcp"
+    assert loaded["web_2"].url == "http://127.0.0.1:1/mcp"
 
 
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"bad-name": {"command": "x"}}, "must be a Python name"),
+        ({"a-b": {"command": "x"}, "a_b": {"command": "y"}}, "both named 'a_b'"),
         ({"a": {"command": "x", "url": "http://h/"}}, "either command"),
         ({"a": {}}, "either command"),
         ({"a": {"type": "sse", "url": "http://h/"}}, "transport 'sse' is not supported"),
