@@ -109,7 +109,8 @@ def parse_mcp_servers(raw: Any, where: str) -> McpServers:
         except ValidationError as exc:
             error = exc.errors()[0]
             loc = ".".join(str(part) for part in error["loc"])
-            detail = f"{loc}: {error['msg']}" if loc else str(error["msg"])
+            message = str(error["msg"]).removeprefix("Value error, ")
+            detail = f"{loc}: {message}" if loc else message
             raise ConfigError(f"{where}: server {name}: {detail}") from None
     return out
 
