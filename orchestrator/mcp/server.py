@@ -42,6 +42,7 @@ __all__ = [
     "McpServer",
     "ServerState",
     "ServerStatus",
+    "restart_delay",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class McpServer:
         self._settled = asyncio.Event()  # set after each first-or-failed start
         self._broken = asyncio.Event()  # a call saw the connection close
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()  # set with _broken or _stopping: the watch looks again
         self._retry_at: float | None = None
         self._runner: asyncio.Task[None] | None = None
 
@@ -104,6 +106,7 @@ class McpServer:
 
     async def stop(self) -> None:
         self._stopping.set()
+        self._wake.set()
         runner, self._runner = self._runner, None
         if runner is not None and not runner.done():
             try:
@@ -172,11 +175,12 @@ class McpServer:
                 self._session = None
                 self._ready.clear()
                 self._broken.clear()
+                self._wake.clear()
             if self._stopping.is_set():
                 break
             if time.monotonic() - started >= RESTART_RESET_AFTER_S:
                 failures = 0
-            delay = min(RESTART_MAX_DELAY_S, RESTART_BASE_DELAY_S * 2**failures)
+            delay = restart_delay(failures)
             failures += 1
             self.state = "down"
             self._retry_at = time.monotonic() + delay
@@ -200,19 +204,13 @@ class McpServer:
 
     async def _watch(self, session: ClientSession) -> None:
         """Until a stop, a call that saw the connection close, or a failed ping."""
-        while not self._stopping.is_set():
-            waits = [
-                asyncio.ensure_future(self._stopping.wait()),
-                asyncio.ensure_future(self._broken.wait()),
-            ]
-            try:
-                done, _ = await asyncio.wait(waits, timeout=PING_INTERVAL_S)
-            finally:
-                for waiter in waits:
-                    waiter.cancel()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PING_INTERVAL_S):
+                    await self._wake.wait()
             if self._broken.is_set():
                 raise ConnectionError("the connection closed during a call")
-            if done:
+            if self._stopping.is_set():
                 return
             async with asyncio.timeout(PING_TIMEOUT_S):
                 await session.send_ping()
@@ -235,6 +233,7 @@ class McpServer:
         """A call saw the connection gone: refuse calls now; the runner restarts it."""
         if not self._broken.is_set():
             self._broken.set()
+            self._wake.set()
             self.state = "down"
             self.last_error = why
             self._retry_at = time.monotonic() + RESTART_BASE_DELAY_S
@@ -305,6 +304,11 @@ async def _pages(
         if not cursor:
             break
     return out
+
+
+def restart_delay(failures: int) -> float:
+    """The wait before the next start after ``failures`` failed starts in a row (0 first)."""
+    return float(min(RESTART_MAX_DELAY_S, RESTART_BASE_DELAY_S * 2 ** min(failures, 32)))
 
 
 def _describe(exc: BaseException) -> str:

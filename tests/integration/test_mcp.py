@@ -4,21 +4,29 @@ host handlers, a real local kernel, the scripted model."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import httpx
+import pytest
 
 from orchestrator.agent.loop import TurnOutcome
+from orchestrator.errors import McpError
+from orchestrator.mcp.server import PING_INTERVAL_S, McpServer, restart_delay
 from orchestrator.mcp_config import McpServerConfig
 from orchestrator.models.registry import resolve_model
 from orchestrator.paths import Paths
+from orchestrator.session_specs import StoredRunSettings
 from orchestrator.sessions.bus_link import NatsSessionBus
 from orchestrator.sessions.family import FamilyService
 from orchestrator.sessions.live import Inbound, LiveSession
@@ -37,6 +45,9 @@ QUIET_TIMEOUT_S: Final = 120.0
 HTTP_READY_TIMEOUT_S: Final = 30.0
 RESTART_TIMEOUT_S: Final = 30.0
 SLOW_CELL_TIMEOUT_S: Final = 4.0
+START_TIMEOUT_S: Final = 30.0
+CALL_TIMEOUT_S: Final = 30.0
+POLL_S: Final = 0.05
 
 
 def stdio_server(**env: str) -> McpServerConfig:
@@ -283,3 +294,75 @@ async def test_tool_calls_through_a_streamable_http_server() -> None:
             events, _ = await one_turn(orch, HTTP_CALLS, cfg)
     assert results(events) == ["42 hello Bo?"]
     assert [c["status"] for c in mcp_calls(events)] == ["ok", "ok"]
+
+
+# -- the host side alone: restarts, backoff, a family's own servers ---------------------------
+
+
+async def test_a_server_that_dies_between_calls_is_found_by_its_ping_and_restarted() -> None:
+    server = McpServer("tools", stdio_server())
+    server.start()
+    try:
+        await server.wait_started(START_TIMEOUT_S)
+        first = (await server.call_tool("pid", {}, CALL_TIMEOUT_S))["structured"]["result"]
+        os.kill(first, signal.SIGKILL)
+        # no call in flight: the ping (every PING_INTERVAL_S) finds the server gone
+        deadline = time.monotonic() + PING_INTERVAL_S + RESTART_TIMEOUT_S
+        while server.restarts < 1 or server.state != "ready":
+            assert time.monotonic() < deadline, server.status()
+            await asyncio.sleep(POLL_S)
+        again = (await server.call_tool("pid", {}, CALL_TIMEOUT_S))["structured"]["result"]
+        assert again != first
+    finally:
+        await server.stop()
+    assert server.status().state == "stopped"
+
+
+async def test_a_server_that_cannot_start_is_retried_with_backoff_and_says_why() -> None:
+    broken = McpServerConfig(command=sys.executable, args=("-c", "raise SystemExit('no way')"))
+    server = McpServer("broken", broken)
+    server.start()
+    try:
+        await server.wait_started(START_TIMEOUT_S)
+        deadline = time.monotonic() + RESTART_TIMEOUT_S
+        while server.restarts < 2:
+            assert time.monotonic() < deadline, server.status()
+            await asyncio.sleep(POLL_S)
+        with pytest.raises(McpError) as caught:
+            await server.call_tool("add", {"a": 1}, CALL_TIMEOUT_S)
+    finally:
+        await server.stop()
+    assert caught.value.code == "mcp_unavailable"
+    assert "the MCP server broken is" in str(caught.value) and server.last_error
+    assert [restart_delay(n) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+BUDGET: Final = """
+    code:
+        try:
+            await mcp.tools.add(a=1, b=1)
+        except Exception as exc:
+            print(type(exc).__name__, exc.code)
+    ---
+    text: done
+"""
+
+
+async def test_a_spent_budget_refuses_a_call_and_a_familys_own_servers_stop_with_it() -> None:
+    cfg = settings({})
+    async with orchestrator(cfg) as orch:
+        with FakeModelServer(BUDGET) as srv:
+            model = resolve_model(MODEL, cfg, api_base=srv.url, env={})
+            own = StoredRunSettings(mcp_servers={"tools": stdio_server()})
+            live = await orch.create_session(
+                model=model, cwd=Path.cwd(), name="m", budget=1, run_settings=own
+            )
+            await run_turn(orch, live, "go")  # its first model call spends the 1-token budget
+        events = await orch.store.events(live.id)
+        server = orch.mcp.servers(live.id)["tools"]
+        assert orch.mcp.servers("another-root") == {}  # the family's own, nobody else's
+        await orch.unload(live)
+        assert server.status().state == "stopped"
+        assert orch.mcp.servers(live.id) == {}
+    assert results(events) == ["BudgetExceeded budget_exceeded"]
+    assert [c["status"] for c in mcp_calls(events)] == ["refused"]
