@@ -26,12 +26,17 @@ class McpHub:
         self._owned: dict[str, dict[str, McpServer]] = {}
         self._closed = False
 
-    def attach(self, owner: str, servers: McpServers) -> None:
-        """Give ``owner``'s family these servers (started now; the same config is kept)."""
+    def attach(self, owner: str, servers: McpServers, cwd: str | None = None) -> None:
+        """Give ``owner``'s family these servers (started now; the same config is kept). A
+        stdio server without its own ``cwd`` runs in ``cwd`` (the root session's directory, as
+        a coding agent runs a project's servers)."""
         if self._closed or not servers:
             return
         mine = self._owned.setdefault(owner, {})
-        for name, config in servers.items():
+        for name, given in servers.items():
+            config = given
+            if cwd is not None and given.command is not None and given.cwd is None:
+                config = given.model_copy(update={"cwd": cwd})
             known = mine.get(name)
             if known is not None and known.config == config:
                 continue

@@ -353,7 +353,7 @@ class Orchestrator:
         settings = self.settings_of(live.record)
         chosen = live.record.run_settings
         if chosen is not None and chosen.mcp_servers:  # the run's own servers, for its family
-            self.mcp.attach(live.record.root_id, chosen.mcp_servers)
+            self.mcp.attach(live.record.root_id, chosen.mcp_servers, cwd=live.record.cwd)
         base, appended = run_prompts(live.record)
         live.loop = AgentLoop(
             session_id=live.id,

@@ -29,6 +29,7 @@ code:
     import os
     print(await mcp.handed_tools.add(a=1, b=2), await mcp.handed_tools.env_value(name="S"))
     print("kernel", os.environ.get("S"))
+    print("cwd", await mcp.handed_tools.cwd() == os.getcwd())
 ---
 text: done
 """
@@ -62,11 +63,14 @@ def test_mcp_config_gives_the_run_its_servers(
         flags += ["--mcp-config", str(config_file(tmp_path))]
         if where == "in process":
             flags.append("--no-daemon")
-        run = cli(["-p", "go", *flags], timeout=CLI_TIMEOUT_S)
+        project = tmp_path / "project"
+        project.mkdir()
+        run = cli(["-p", "go", *flags], timeout=CLI_TIMEOUT_S, cwd=project)
         requests = list(srv.requests)
     assert run.returncode == 0, run.stderr
     tool = next(m for m in requests[1]["messages"] if m["role"] == "tool")
-    assert tool["content"].splitlines() == [f"3 {SECRET}", "kernel None"]
+    # the server runs in the run's directory, as the session does
+    assert tool["content"].splitlines() == [f"3 {SECRET}", "kernel None", "cwd True"]
     assert "- mcp.handed_tools" in requests[0]["messages"][0]["content"]
 
 
