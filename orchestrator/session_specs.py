@@ -23,7 +23,7 @@ stores the result, so it does not drift again.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +47,9 @@ SANDBOX_POLICY_VERSION: Final = 1
 RUN_SETTINGS_VERSION: Final = 1
 # A system prompt a run gives its root (--system-prompt, --append-system-prompt).
 MAX_PROMPT_CHARS: Final = 200_000
+# Skills a run adds (--skill PATH, repeatable): how many, and how long each absolute path.
+MAX_SKILL_PATHS: Final = 64
+MAX_SKILL_PATH_CHARS: Final = 4096
 # An environment variable's name as stored: what a shell accepts, bounded.
 ENV_NAME_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
@@ -145,6 +148,11 @@ class StoredRunSettings(_Spec):
     # MCP servers the run brought (``--mcp-config``, an ACP client's ``session/new``): the
     # family's own, run by the orchestrator beside the config's (docs/mcp.md).
     mcp_servers: dict[str, McpServerConfig] | None = None
+    # --skill PATH: skill directories (or directories of skills) the family sees after the
+    # project's and the user's (absolute host paths; docs/harness.md, "Skills").
+    skill_paths: (
+        list[Annotated[str, Field(min_length=1, max_length=MAX_SKILL_PATH_CHARS)]] | None
+    ) = Field(default=None, max_length=MAX_SKILL_PATHS)
 
     @property
     def empty(self) -> bool:
@@ -159,6 +167,7 @@ class StoredRunSettings(_Spec):
             self.max_turn_steps,
             self.system_prompt,
             self.append_system_prompt,
+            self.skill_paths or None,
         )
         chose_mcp = bool(self.mcp_servers)
         return not chose_compaction and not chose_mcp and all(v is None for v in scalars)

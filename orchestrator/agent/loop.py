@@ -38,6 +38,7 @@ from orchestrator.errors import EmptyReply, ModelError, SandboxError
 from orchestrator.ids import new_tool_call_id
 from orchestrator.models.client import ContextOverflow, ModelClient, ModelReply, RetryInfo
 from orchestrator.models.registry import ResolvedModel
+from orchestrator.models.reply import DeltaKind
 from orchestrator.sandbox.base import Sandbox
 from orchestrator.settings import DEFAULT_CONTEXT_WINDOW, Settings
 from orchestrator.store.events import (
@@ -303,6 +304,7 @@ class AgentLoop:
                 model=reply.usage.model,
                 usage=reply.usage,
                 fenced=fenced,
+                thinking=reply.thinking or None,
             )
             # Both appends are queued before either commits, so the store's group commit
             # writes them in one transaction (in this order): one fsync per step saved.
@@ -402,8 +404,14 @@ class AgentLoop:
             self._request_messages(),
             tools=None if self._fenced else [IPYTHON_TOOL],
             temperature=0.0 if self.client.model.embedded else None,
-            on_delta=lambda d: self._emit({"type": "text_delta", "delta": d}),
+            on_delta=self._on_delta,
             on_retry=self._on_retry,
+        )
+
+    def _on_delta(self, piece: str, kind: DeltaKind) -> None:
+        """A piece of the reply as the model streams it, for clients that follow the stream."""
+        self._emit(
+            {"type": "thinking_delta" if kind == "thinking" else "text_delta", "delta": piece}
         )
 
     async def _compact_if_due(self) -> TurnOutcome | None:

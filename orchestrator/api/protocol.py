@@ -132,6 +132,8 @@ MAX_CAPABILITIES = 64
 # An export's target path (PATH_MAX on Linux).
 MAX_PATH_CHARS = 4096
 MAX_PROMPT_CHARS = 200_000  # a system prompt a run gives its root (session_specs's, pinned)
+MAX_SKILL_PATHS = 64  # --skill PATH, repeatable (session_specs's, pinned)
+MAX_SKILL_PATH_CHARS = 4096
 MAX_CHECK_COMMAND_CHARS = 4096  # a run_check's shell command
 MAX_CHECK_TIMEOUT_S = 86_400.0
 MAX_MOUNTS = 8  # extra mounts of a session (sandbox/mounts.py's, pinned equal by a test)
@@ -287,6 +289,18 @@ class SessionSettings(_ClientModel):
                 return named_servers(value, "settings.mcp_servers")
             except ConfigError as exc:
                 raise ValueError(str(exc)) from None
+        return value
+
+    # --skill PATH (repeatable): absolute paths of skills the family sees (docs/harness.md).
+    skill_paths: (
+        list[Annotated[str, Field(min_length=1, max_length=MAX_SKILL_PATH_CHARS)]] | None
+    ) = Field(default=None, max_length=MAX_SKILL_PATHS)
+
+    @field_validator("skill_paths")
+    @classmethod
+    def _absolute(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not path.startswith("/") for path in value):
+            raise ValueError("skill paths must be absolute")
         return value
 
     @field_validator("repl_context_file")
@@ -750,12 +764,14 @@ class SweepTrialFinish(_Command):
 
 
 class SweepStatus(_Command):
-    """The sweep's row and its cells (all of them, or the page from ``offset``)."""
+    """The sweep's row and its cells (all of them, or the page from ``offset``); with
+    ``trials``, every trial of the page's cells too (a shard's export)."""
 
     type: Literal["sweep_status"] = "sweep_status"
     name: SweepName
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=SWEEP_CELLS_PER_CALL, ge=1, le=SWEEP_CELLS_PER_CALL)
+    trials: bool = False
 
 
 class SweepList(_Command):

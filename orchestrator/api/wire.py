@@ -53,7 +53,9 @@ SERVER_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY,
 CLIENT_CAPABILITIES: tuple[str, ...] = (CAP_EVENTS, CAP_RESYNC, CAP_IDEMPOTENCY)
 # The transient events a `stream` message carries (the agent loop's sink emits them without a
 # seq; durable events go out as `event`).
-STREAM_EVENT_TYPES: frozenset[str] = frozenset({"text_delta", "tool_start", "compaction_start"})
+STREAM_EVENT_TYPES: frozenset[str] = frozenset(
+    {"text_delta", "thinking_delta", "tool_start", "compaction_start"}
+)
 
 # `wait_quiet`'s bound when a client gives none: the settings' FAMILY_WAIT_TIMEOUT_S
 # (tests/unit/test_run_settings.py keeps them equal). The lean -p client sends it when

@@ -36,7 +36,13 @@ from typing import Any, Final, cast
 from orchestrator.api.client import ControlClient
 from orchestrator.api.messages import Event, Stream
 from orchestrator.api.wire import CAP_STREAM, CLIENT_CAPABILITIES
-from orchestrator.cli.acp_updates import META_NAMESPACE, meta, subagent_update, updates_for_event
+from orchestrator.cli.acp_updates import (
+    META_NAMESPACE,
+    GateTally,
+    meta,
+    subagent_update,
+    updates_for_event,
+)
 from orchestrator.cli.protocol_stdio import claim_stdout, open_stdio
 
 __all__ = ["AcpOptions", "PrimeAgentAcp", "serve"]
@@ -66,6 +72,12 @@ _AUTONOMOUS_STOPS: Final = {
 }
 _FAILED: Final = frozenset({"error", "model_error", "compaction_failed"})
 _CHILD_DONE: Final = {"completed": "done", "aborted": "cancelled", "error": "error"}
+# The daemon's streamed pieces of a reply, as the session updates they become.
+_CHUNK_OF_DELTA: Final = {
+    "text_delta": "agent_message_chunk",
+    "thinking_delta": "agent_thought_chunk",
+}
+_STREAMED_UPDATES: Final = frozenset(_CHUNK_OF_DELTA.values())
 
 
 @dataclass(frozen=True)
@@ -147,8 +159,10 @@ class PrimeAgentAcp:
         self._sealed: set[int] = set()  # turns whose terminal update is out
         self._cells: dict[str, str] = {}
         self._last_error: str | None = None
+        self._gates = GateTally()  # the autonomous gates of the prompt turn under way
         self._root_seq = 0  # the newest root event handled
-        self._held_deltas: list[tuple[int, str]] = []  # (after, text) until that event is out
+        # (after, text, update kind) until that event is out
+        self._held_deltas: list[tuple[int, str, str]] = []
         self._streamed_after: set[int] = set()  # the `after` of each delta sent
 
     def on_connect(self, conn: Any) -> None:
@@ -238,6 +252,7 @@ class PrimeAgentAcp:
         )
         self._turn = turn
         self._last_error = None
+        self._gates = GateTally()
         try:
             await control.call("prompt", session=session_id, text=_prompt_text(prompt))
             reason, error = await turn.done
@@ -255,9 +270,16 @@ class PrimeAgentAcp:
             "responseBoundary",
             outcome,
         )
-        quiescence = {"outstandingSubagents": outstanding, "remainingAutonomousContinuations": 0}
+        autonomous, remaining = await self._autonomous_meta()
+        quiescence = {
+            "outstandingSubagents": outstanding,
+            "remainingAutonomousContinuations": remaining,
+        }
         await producer.publish(
-            {"sessionUpdate": "session_info_update", "_meta": meta(quiescence=quiescence)},
+            {
+                "sessionUpdate": "session_info_update",
+                "_meta": meta(**autonomous, quiescence=quiescence),
+            },
             turn.number,
         )
         self._terminal = asyncio.create_task(self._terminal_update(turn.number, outcome))
@@ -335,13 +357,32 @@ class PrimeAgentAcp:
         with contextlib.suppress(Exception):
             await control.call("wait_quiet", session=self._session, timeout_s=TERMINAL_WAIT_S)
         self._sealed.add(turn)
-        quiescence = {"outstandingSubagents": 0, "remainingAutonomousContinuations": 0}
+        autonomous, remaining = await self._autonomous_meta()
+        quiescence = {"outstandingSubagents": 0, "remainingAutonomousContinuations": remaining}
         await producer.publish(
-            {"sessionUpdate": "session_info_update", "_meta": meta(quiescence=quiescence)},
+            {
+                "sessionUpdate": "session_info_update",
+                "_meta": meta(**autonomous, quiescence=quiescence),
+            },
             turn,
             "terminalQuiescence",
             outcome,
         )
+
+    async def _autonomous_meta(self) -> tuple[dict[str, Any], int]:
+        """({"autonomous": ...} for a session started with --autonomous, else {}; the
+        continuations its run has left), from the daemon's counters and the gates seen."""
+        if self.options.autonomous is None or self._control is None or self._session is None:
+            return {}, 0
+        try:
+            answer = await self._control.call("autonomous", session=self._session, action="status")
+        except Exception:  # the meta is telemetry: never a reason to fail the turn
+            return {}, 0
+        state = answer.get("autonomous") or {}
+        limits = state.get("limits") or {}
+        turns = int(state.get("turns") or 0)
+        remaining = max(0, int(limits.get("max_turns") or 0) - turns)
+        return {"autonomous": self._gates.meta(state)}, remaining
 
     async def _route(self, control: ControlClient, root: str) -> None:
         """Every pushed event of the tree, mapped and published in arrival order."""
@@ -368,18 +409,19 @@ class PrimeAgentAcp:
         durable event it follows (deltas travel apart from events, and may overtake the last
         one), and the stored reply then sends no second copy of its text."""
         text = delta.event.get("delta")
-        if delta.event.get("type") != "text_delta" or not isinstance(text, str) or not text:
+        kind = _CHUNK_OF_DELTA.get(str(delta.event.get("type")))
+        if kind is None or not isinstance(text, str) or not text:
             return
         after = delta.after or 0
         if after > self._root_seq:  # the event it follows has not been handled yet
-            self._held_deltas.append((after, text))
+            self._held_deltas.append((after, text, kind))
             return
-        await self._publish_delta(after, text)
+        await self._publish_delta(after, text, kind)
 
-    async def _publish_delta(self, after: int, text: str) -> None:
+    async def _publish_delta(self, after: int, text: str, kind: str) -> None:
         assert self._producer is not None
         self._streamed_after.add(after)
-        chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+        chunk = {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
         await self._producer.publish(chunk, self._current_turn())
 
     async def _root_event(self, event: Mapping[str, Any]) -> None:
@@ -392,14 +434,16 @@ class PrimeAgentAcp:
             streamed = any(after < seq for after in self._streamed_after)
             self._streamed_after = {after for after in self._streamed_after if after >= seq}
         for update in updates_for_event(event, self._cells):
-            if streamed and update["sessionUpdate"] == "agent_message_chunk":
-                continue  # its text went out as deltas
+            if streamed and update["sessionUpdate"] in _STREAMED_UPDATES:
+                continue  # its text (and thinking) went out as deltas
             await self._producer.publish(update, self._current_turn())
         self._root_seq = max(self._root_seq, seq)
         while self._held_deltas and self._held_deltas[0][0] <= self._root_seq:
             await self._publish_delta(*self._held_deltas.pop(0))
         if kind == "error" and isinstance(payload, Mapping):
             self._last_error = str(payload.get("message") or payload.get("kind") or "error")
+        if kind == "gate_result" and isinstance(payload, Mapping):
+            self._gates.record(payload)
         turn = self._turn
         if turn is None or turn.done.done():
             return
@@ -410,6 +454,8 @@ class PrimeAgentAcp:
             turn.done.set_result(("aborted", None))
         elif kind == "autonomous_stop":
             reason = str(payload.get("reason") or "completed")
+            if reason == "gate_failed" and payload.get("limit"):
+                reason = str(payload["limit"])  # a limit ended it, a gate still failing
             turn.done.set_result((reason, str(payload.get("detail") or self._last_error or "")))
 
     async def _child_event(

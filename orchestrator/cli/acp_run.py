@@ -3,13 +3,12 @@ agent (``acp_mode.py``) and of the RPC server (``rpc_mode.py``). Both take
 ``--model`` / ``--api-base``, or ``--provider NAME --model ID`` from Prime Agent's models.json;
 ``--daemon-socket``; ``--max-turns``, ``--system-prompt``, ``--append-system-prompt``;
 ``--autonomous`` (ACP; its gates and limits); ``--cwd`` (RPC: ACP takes the client's);
-``--skill`` (accepted, said not to be added). ``--offline`` changes nothing: sandboxes have no
-network unless a session asks for one.
+``--skill`` (the session's choices, with ``--max-turns`` and the system prompts).
+``--offline`` changes nothing: sandboxes have no network unless a session asks for one.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +55,6 @@ class ProtocolRun:
     api_base: str | None
     provider: str | None
     daemon_socket: str | None
-    skills: tuple[str, ...]
     choices: SessionChoices
     controls: Controls
 
@@ -66,12 +64,6 @@ def run_protocol(run: ProtocolRun) -> int:
     settings: dict[str, Any] = dict(run.choices.fields())
     model, chosen_base, client_env = _model_choice(run.model, run.provider, settings)
     api_base = chosen_base or run.api_base
-    if run.skills:
-        print(
-            "prime-agent: note: --skill is accepted but skills come from the harness's skill "
-            "directories (docs/harness.md); these were not added",
-            file=sys.stderr,
-        )
     if run.mode == "rpc":
         from orchestrator.cli.rpc_mode import RpcOptions, serve_rpc
         from orchestrator.errors import UserError

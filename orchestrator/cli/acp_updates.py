@@ -20,11 +20,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 __all__ = [
     "CELL_TITLE_MAX_CHARS",
     "META_NAMESPACE",
+    "GateTally",
     "cell_content",
     "cell_title",
     "meta",
@@ -35,6 +37,10 @@ __all__ = [
 META_NAMESPACE: Final = "ai.primeintellect.prime-agent"
 CELL_TITLE_MAX_CHARS: Final = 120
 IPYTHON_TOOL: Final = "ipython"
+# How Prime Agent words a gate that was not run again (the workspace had not changed).
+GATE_NOT_RERUN: Final = "not rerun: workspace unchanged since previous failed gate"
+GATE_TIMED_OUT: Final = "timed out"
+GATE_DID_NOT_START: Final = "the gate could not start"
 _UNSAFE_IN_TITLE: Final = re.compile(
     "[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u200e\u200f\u202a-\u202e\u2066-\u2069]"
 )
@@ -100,6 +106,9 @@ def updates_for_event(event: Mapping[str, Any], cells: dict[str, str]) -> list[d
         return []
     if kind == "assistant_message":
         found: list[dict[str, Any]] = []
+        thinking = str(payload.get("thinking") or "")
+        if thinking:  # the model's reasoning, before what it said
+            found.append({"sessionUpdate": "agent_thought_chunk", "content": _text(thinking)})
         text = str(payload.get("text") or "")
         if text:  # with the fenced protocol, the prose around the code block
             found.append({"sessionUpdate": "agent_message_chunk", "content": _text(text)})
@@ -176,3 +185,55 @@ def subagent_update(child: Mapping[str, Any]) -> dict[str, Any]:
         "sessionUpdate": "session_info_update",
         "_meta": meta(subagents=[{k: v for k, v in entry.items() if v is not None}]),
     }
+
+
+def gate_exit_text(payload: Mapping[str, Any]) -> str:
+    """How a failed gate ended, in Prime Agent's words (``exited N``, ``timed out`` ...)."""
+    if payload.get("skipped"):
+        return GATE_NOT_RERUN
+    if payload.get("timed_out"):
+        return GATE_TIMED_OUT
+    code = payload.get("exit_code")
+    if code is None:
+        first = str(payload.get("output") or "").strip().splitlines()
+        return first[0] if first else GATE_DID_NOT_START
+    return f"exited {code}"
+
+
+@dataclass
+class GateTally:
+    """The gates of an autonomous prompt turn so far, as the ``autonomous`` ``_meta`` shows
+    them: each gate's consecutive failed attempts (a pass resets it) and the last failure."""
+
+    attempts: dict[str, int] = field(default_factory=dict)
+    failure: str | None = None  # its exit text
+    failure_attempt: int = 0
+    failed_command: str | None = None
+
+    def record(self, payload: Mapping[str, Any]) -> None:
+        """One ``gate_result`` event."""
+        command = str(payload.get("command") or "")
+        if payload.get("passed"):
+            self.attempts[command] = 0
+            if self.failed_command == command:
+                self.failure, self.failure_attempt, self.failed_command = None, 0, None
+            return
+        attempt = int(payload.get("attempt") or 1)
+        self.attempts[command] = attempt
+        self.failure, self.failure_attempt = gate_exit_text(payload), attempt
+        self.failed_command = command
+
+    def meta(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``autonomous`` object, with the daemon's counters (``autonomous`` status)."""
+        out: dict[str, Any] = {
+            "enabled": True,
+            "continuationsUsed": int(state.get("continuations") or 0),
+            "turnsUsed": int(state.get("turns") or 0),
+            "tokensUsed": int(state.get("tokens") or 0),
+        }
+        attempt = max(self.failure_attempt, 0, *self.attempts.values())
+        if attempt:
+            out["gateAttempt"] = attempt
+        if self.failure is not None:
+            out["gateFailure"] = self.failure
+        return out

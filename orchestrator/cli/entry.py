@@ -150,7 +150,7 @@ def _run_plain(run: PlainRun, args: list[str]) -> NoReturn:
             int(run.max_turns) if run.max_turns is not None else None,
             run.system_prompt,
             run.append_system_prompt,
-            run.mcp_config,
+            mcp_config=run.mcp_config,
         ),
         debug=run.debug,
     )

@@ -6,7 +6,8 @@ ID -p "..."``. A malformed file imports nothing and fails with one line naming t
 2). The session's model is the newest one named on the file's active path unless ``--model``
 says otherwise (a model this installation cannot reach only fails when the session is resumed,
 so ``--model`` is how to pick one that can); its directory is the file's when it exists here,
-else the current one (``--cwd`` overrides both).
+else the current one, with a notice on stderr (``--cwd`` overrides both; the file's directory
+stays recorded and an export writes it back).
 
 Through the daemon when one runs (it owns the database, and reads the file itself: same user),
 otherwise straight into the database.
@@ -68,6 +69,8 @@ def import_session(
     result = guarded(run, debug=debug)
     if result.get("warning"):
         print(f"prime-agent: warning: {result['warning']}", file=sys.stderr)
+    if result.get("notice"):  # the file's directory is not here (kept, exported back)
+        print(f"prime-agent: notice: {result['notice']}", file=sys.stderr)
     typer.echo(result["session"])
     if sys.stderr.isatty():
         print(

@@ -10,9 +10,12 @@ The session lives in the daemon (started when none runs): one is created idle at
 the current directory; ``new_session``, ``fork`` and ``clone`` switch to another. Our stored
 events become the reference's: ``agent_start`` when a prompt starts a run, ``turn_start`` /
 ``turn_end`` (one assistant reply and its tool results), ``message_start`` / ``message_end``
-(pi ``AgentMessage``s, as session files hold them), ``tool_execution_start`` / ``_end``,
-``compaction_start`` / ``_end``, ``auto_retry_start`` / ``_end``, and ``agent_end`` with the
-run's messages when it ends.
+(pi ``AgentMessage``s, as session files hold them) with ``message_update`` between them while
+the model writes a reply (``thinking_start`` / ``_delta`` / ``_end`` for its reasoning, then
+``text_start``, ``text_delta``..., ``text_end``, from the daemon's transient deltas; a reply
+whose deltas were lost is sent whole),
+``tool_execution_start`` / ``_end``, ``compaction_start`` / ``_end``, ``auto_retry_start`` /
+``_end``, and ``agent_end`` with the run's messages when it ends.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any, Final
 
 from orchestrator.api.client import ControlClient
 from orchestrator.api.errors import ApiCommandError
-from orchestrator.api.messages import Event
+from orchestrator.api.messages import Event, Stream
+from orchestrator.api.wire import CAP_STREAM, CLIENT_CAPABILITIES
 from orchestrator.cli.protocol_stdio import claim_stdout, open_stdio
 
 __all__ = ["RpcOptions", "RpcServer", "serve_rpc"]
@@ -38,6 +42,8 @@ CARRIAGE_RETURN: Final = b"\r"
 MS_PER_S: Final = 1000
 _STREAMING: Final = frozenset({"steer", "followUp"})
 _RUN_ENDS: Final = frozenset({"turn_end", "aborted"})
+# The daemon's streamed pieces of a reply, as the content blocks they grow.
+_BLOCK_OF_DELTA: Final = {"text_delta": "text", "thinking_delta": "thinking"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,11 @@ class RpcServer:
         self._pending_calls: set[str] = set()
         self._compacting = False
         self._last_retry = 0
+        # The reply being written: its blocks so far (thinking, text), streamed as
+        # message_update (None: no reply is being streamed).
+        self._partial: list[dict[str, str]] | None = None
+        self._seq = 0  # the newest durable event handled: deltas that follow a later one wait
+        self._held_deltas: list[tuple[int, str, str]] = []  # (after, block kind, text)
         self._pump: asyncio.Task[None] | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "prompt": self._prompt,
@@ -167,6 +178,7 @@ class RpcServer:
             with contextlib.suppress(ApiCommandError):
                 await self.control.call("detach", session=self.session)
         self.session, self.messages, self.running = session, [], False
+        self._partial, self._seq, self._held_deltas = None, 0, []
         attached = await self.control.call("attach", session=session, cursor=0)
         for event in attached.get("events") or []:
             message = _message(event)
@@ -176,11 +188,70 @@ class RpcServer:
 
     async def _route(self, session: str) -> None:
         async for item in self.control.events():
-            if isinstance(item, Event) and item.session == session:
-                try:
-                    await self._on_event(item.event)
-                except Exception as exc:  # one odd event must not end the stream
-                    print(f"prime-agent: rpc: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if not isinstance(item, Event | Stream) or item.session != session:
+                continue
+            try:
+                if isinstance(item, Stream):
+                    await self._on_delta(item)
+                else:
+                    await self._on_durable(item.event)
+            except Exception as exc:  # one odd event must not end the stream
+                print(f"prime-agent: rpc: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+    async def _on_durable(self, event: Mapping[str, Any]) -> None:
+        """A stored event, then the deltas that waited for it."""
+        await self._on_event(event)
+        self._seq = max(self._seq, int(event.get("seq") or 0))
+        while self._held_deltas and self._held_deltas[0][0] <= self._seq:
+            _, kind, text = self._held_deltas.pop(0)
+            await self._stream(kind, text)
+
+    async def _on_delta(self, item: Stream) -> None:
+        """A piece of the reply (its thinking or its text) as the model writes it; it waits
+        for the durable event it follows (deltas travel apart from events, may overtake it)."""
+        text = item.event.get("delta")
+        kind = _BLOCK_OF_DELTA.get(str(item.event.get("type")))
+        if kind is None or not isinstance(text, str) or not text:
+            return
+        after = item.after or 0
+        if after > self._seq:
+            self._held_deltas.append((after, kind, text))
+            return
+        await self._stream(kind, text)
+
+    async def _stream(self, kind: str, delta: str) -> None:
+        """``kind``'s block grows by ``delta``; a new kind ends the block before it."""
+        if self._partial is None:
+            if not self._turn_open:
+                await self._open_turn()
+            self._partial = []
+            await self.emit({"type": "message_start", "message": _partial_reply([])})
+        blocks = self._partial
+        if not blocks or blocks[-1]["type"] != kind:
+            if blocks:
+                await self._end_block()
+            blocks.append({"type": kind, kind: ""})
+            await self._update({"type": f"{kind}_start", "contentIndex": len(blocks) - 1})
+        blocks[-1][kind] += delta
+        index = len(blocks) - 1
+        await self._update({"type": f"{kind}_delta", "contentIndex": index, "delta": delta})
+
+    async def _end_block(self) -> None:
+        assert self._partial
+        block = self._partial[-1]
+        kind = block["type"]
+        index = len(self._partial) - 1
+        await self._update({"type": f"{kind}_end", "contentIndex": index, "content": block[kind]})
+
+    async def _update(self, event: dict[str, Any]) -> None:
+        partial = _partial_reply(self._partial or [])
+        await self.emit(
+            {
+                "type": "message_update",
+                "message": partial,
+                "assistantMessageEvent": {**event, "partial": partial},
+            }
+        )
 
     async def _on_event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -197,7 +268,12 @@ class RpcServer:
         if message is not None:
             self.messages.append(message)
             self._run_messages.append(message)
-            await self.emit({"type": "message_start", "message": message})
+            if kind == "assistant_message" and self._partial is not None:  # it was streamed
+                if self._partial:
+                    await self._end_block()
+                self._partial = None
+            else:
+                await self.emit({"type": "message_start", "message": message})
             await self.emit({"type": "message_end", "message": message})
         if kind == "assistant_message" and message is not None:
             self._turn_message = message
@@ -457,6 +533,11 @@ class RpcRefused(Exception):
     """A command refused before it reached the daemon (its response carries this text)."""
 
 
+def _partial_reply(blocks: list[dict[str, str]]) -> dict[str, Any]:
+    """The assistant message being written, as far as it goes (its thinking and text)."""
+    return {"role": "assistant", "content": [dict(block) for block in blocks]}
+
+
 def _response(
     ident: Any, command: str, success: bool, *, data: Any = None, error: str | None = None
 ) -> dict[str, Any]:
@@ -501,7 +582,11 @@ async def _serve(options: RpcOptions, protocol_fd: int) -> None:
             writer.write(line.encode("utf-8"))
             await writer.drain()
 
-    async with await ControlClient.connect(options.socket_path) as control:
+    # With the stream capability: the reply's text deltas arrive as the model writes them.
+    capabilities = (*CLIENT_CAPABILITIES, CAP_STREAM)
+    async with await ControlClient.connect(
+        options.socket_path, capabilities=capabilities
+    ) as control:
         server = RpcServer(options, control, write)
         await server.start()
         buffer = b""

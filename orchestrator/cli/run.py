@@ -175,13 +175,17 @@ def run(
     ] = False,
     skills: Annotated[
         list[str] | None,
-        typer.Option("--skill", help="A skill directory (accepted; see docs/acp.md)."),
+        typer.Option(
+            "--skill",
+            help="A skill for this session and its subagents: its directory, its SKILL.md, or "
+            "a directory of skills (repeatable).",
+        ),
     ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     choices = guarded(
         lambda: SessionChoices.from_flags(
-            max_turn_steps, system_prompt, append_system_prompt, mcp_config
+            max_turn_steps, system_prompt, append_system_prompt, skills or (), mcp_config
         ),
         debug=debug,
     )
@@ -201,14 +205,13 @@ def run(
             api_base=api_base,
             provider=provider,
             daemon_socket=daemon_socket,
-            skills=tuple(skills or ()),
             choices=choices,
             controls=controls,
         )
         raise SystemExit(guarded(lambda: run_protocol(protocol_run), debug=debug))
-    if provider is not None or daemon_socket is not None or skills:
+    if provider is not None or daemon_socket is not None:
         fail(
-            "--provider, --daemon-socket and --skill are for --mode acp and --mode rpc; "
+            "--provider and --daemon-socket are for --mode acp and --mode rpc; "
             "for a run, use --model openai/ID --api-base URL"
         )
     text = " ".join(task or []).strip()

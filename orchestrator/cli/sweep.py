@@ -11,14 +11,18 @@
 - ``sweep export NAME --format parquet|csv|jsonl`` writes every cell (``--out`` or
   ``NAME.cells.FORMAT`` here).
 - ``sweep cancel NAME`` starts no more trials and aborts the running ones.
+- ``sweep run FILE --shard i/N --export-dir DIR`` runs one shard and writes its results as
+  Parquet; ``sweep merge DIR...`` joins shards into one store and reports
+  (``cli/sweep_shards.py``); ``sweep submit FILE --shards N`` runs the shards as a Kubernetes
+  Indexed Job (``cli/sweep_submit.py``).
 
-Each goes through the daemon (started when autostart is on), which keeps the tables.
+Each goes through the daemon (started when autostart is on), which keeps the tables; but
+``merge``, which writes a store file itself, and ``submit``, which talks to Kubernetes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import csv
 import json
 import sys
 from collections import defaultdict
@@ -63,6 +67,18 @@ sweep_app = typer.Typer(
 @sweep_app.command("run")
 def run(
     file: Annotated[Path, typer.Argument(help="The sweep file (YAML).")],
+    shard_text: Annotated[
+        str | None,
+        typer.Option(
+            "--shard", help="Run only shard i of N (i/N, from 0): the cells whose hash says so."
+        ),
+    ] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--export-dir", help="At the end, write the shard's cells and trials here (Parquet)."
+        ),
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Create the sweep, or continue it: only cells without a score run."""
@@ -72,8 +88,10 @@ def run(
         from orchestrator.cli.sweep_runner import check_models, run_sweep
         from orchestrator.paths import Paths
         from orchestrator.settings import load_settings
+        from orchestrator.sweeps.shards import parse_shard
         from orchestrator.sweeps.spec import load_sweep
 
+        shard = None if shard_text is None else parse_shard(shard_text)
         spec = load_sweep(file)
         paths = Paths.from_env()
         settings = load_settings(paths.config_file)
@@ -82,7 +100,14 @@ def run(
 
         async def main(abort: asyncio.Event) -> int:
             work = asyncio.ensure_future(
-                run_sweep(spec, settings, paths.data_dir, link_factory=DaemonLink)
+                run_sweep(
+                    spec,
+                    settings,
+                    paths.data_dir,
+                    link_factory=DaemonLink,
+                    shard=shard,
+                    export_dir=export_dir,
+                )
             )
             stop = asyncio.ensure_future(abort.wait())
             await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -181,23 +206,10 @@ def report(
     """An HTML page, PNG plots, report.md and summary.json; the table on stdout."""
 
     def go() -> str:
-        from orchestrator.sweeps.plots import markdown_table, write_report
-        from orchestrator.sweeps.summary import summarise
+        from orchestrator.cli.sweep_reports import write_sweep_report
 
         _, cells = _fetch(name)
-        summary = summarise(cells)
-        write_report(summary, name, out)
-        numbers = {
-            "sweep": name,
-            "groups": summary.table(),
-            "frontier": summary.frontier,
-            "matrix": summary.matrix,
-            "by_context": {
-                k: {str(n): v for n, v in s.items()} for k, s in summary.by_context.items()
-            },
-        }
-        (out / "summary.json").write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
-        return markdown_table(summary.table())
+        return write_sweep_report(name, cells, out)
 
     table = guarded(go, debug=debug)
     typer.echo(table, nl=False)
@@ -216,6 +228,7 @@ def export(
     """Every cell of the sweep, as Parquet, CSV or JSON lines."""
 
     def go() -> Path:
+        from orchestrator.cli.sweep_files import write_rows
         from orchestrator.errors import UserError
 
         kind = fmt.lower()
@@ -224,44 +237,11 @@ def export(
         _, cells = _fetch(name)
         path = out or Path(f"{name}.cells.{kind}")
         rows = [{k: cell.get(k) for k in CELL_FIELDS} for cell in cells]
-        _write(rows, path, kind)
+        write_rows(rows, path, kind, CELL_FIELDS, _PARQUET_TYPES)
         return path
 
     path = guarded(go, debug=debug)
     typer.echo(f"wrote {path}")
-
-
-def _write(rows: list[dict[str, Any]], path: Path, kind: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "jsonl":
-        with path.open("w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        return
-    if kind == "csv":
-        with path.open("w", encoding="utf-8", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=list(CELL_FIELDS))
-            writer.writeheader()
-            writer.writerows(rows)
-        return
-    import duckdb
-
-    staged = path.with_name(f".{path.name}.jsonl")
-    _write(rows, staged, "jsonl")
-    try:
-        con = duckdb.connect()
-        try:
-            columns = ", ".join(f"'{k}': '{_PARQUET_TYPES.get(k, 'VARCHAR')}'" for k in CELL_FIELDS)
-            # COPY takes no parameters: the paths are SQL string literals, quotes doubled.
-            source, target = (str(p).replace("'", "''") for p in (staged, path))
-            con.execute(
-                f"COPY (SELECT * FROM read_json('{source}', format='newline_delimited', "
-                f"columns={{{columns}}})) TO '{target}' (FORMAT parquet)"
-            )
-        finally:
-            con.close()
-    finally:
-        staged.unlink(missing_ok=True)
 
 
 _PARQUET_TYPES: Final = {
@@ -275,6 +255,132 @@ _PARQUET_TYPES: Final = {
     "truncated": "BOOLEAN",
     "trials": "INTEGER",
 }
+
+
+@sweep_app.command("merge")
+def merge(
+    sources: Annotated[
+        list[Path],
+        typer.Argument(help="Shards' export directories, or their *.cells.parquet files."),
+    ],
+    into: Annotated[
+        Path | None,
+        typer.Option("--into", help="The store (DuckDB file) to merge into; default: yours."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="The report's directory.")] = Path(
+        "sweep-report"
+    ),
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Join shards' results (sweep run --shard --export-dir) into one store, and report."""
+
+    def go() -> str:
+        from orchestrator.cli.sweep_reports import write_sweep_report
+        from orchestrator.cli.sweep_shards import (
+            find_exports,
+            merge_exports,
+            missing_shards,
+            read_exports,
+        )
+        from orchestrator.errors import UserError
+        from orchestrator.paths import Paths
+
+        files = find_exports(sources)
+        shards = read_exports(files)
+        if not shards:
+            raise UserError(f"the {len(files)} shard export(s) given hold no cells")
+        target = into or Paths.from_env().database_file
+        counts, cells = asyncio.run(merge_exports(shards, target))
+        name = shards[0].sweep
+        missing = missing_shards(files)
+        typer.echo(
+            f"sweep {name}: merged {len(files)} shard file(s) into {target}: "
+            f"{counts.cells_added} cell(s) added, {counts.cells_replaced} replaced, "
+            f"{counts.cells_kept} already there; {counts.trials_added} trial(s) added; "
+            f"{counts.state}",
+            err=True,
+        )
+        if missing:
+            shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+            typer.echo(f"sweep {name}: shard(s) not given: {shown}", err=True)
+        return write_sweep_report(name, cells, out)
+
+    table = guarded(go, debug=debug)
+    typer.echo(table, nl=False)
+    typer.echo(f"report: {out / 'index.html'}", err=True)
+
+
+@sweep_app.command("submit")
+def submit(
+    file: Annotated[Path, typer.Argument(help="The sweep file (YAML).")],
+    shards: Annotated[int, typer.Option("--shards", help="How many shards (Job indexes).")],
+    parallelism: Annotated[
+        int | None, typer.Option("--parallelism", help="Shards running at once (default: all).")
+    ] = None,
+    retries: Annotated[
+        int | None, typer.Option("--retries", help="Retries per shard (backoffLimitPerIndex).")
+    ] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="The image with prime-agent in it.")
+    ] = None,
+    results_claim: Annotated[
+        str | None,
+        typer.Option("--pvc", help="The PersistentVolumeClaim the shards export to."),
+    ] = None,
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", help="Default: the current context's.")
+    ] = None,
+    env_secret: Annotated[
+        str | None,
+        typer.Option("--env-secret", help="A Secret whose keys become the shards' environment."),
+    ] = None,
+    runtime_class: Annotated[
+        str | None, typer.Option("--runtime-class", help="The pods' runtimeClassName (gVisor).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the manifests as YAML; submit nothing.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Run the sweep on Kubernetes as an Indexed Job: one shard per index."""
+
+    def go() -> str:
+        from orchestrator.cli.sweep_submit import manifests_yaml
+        from orchestrator.cli.sweep_submit import submit as send
+        from orchestrator.sweeps.k8s_job import (
+            DEFAULT_IMAGE,
+            DEFAULT_RESULTS_CLAIM,
+            DEFAULT_RETRIES_PER_SHARD,
+            JobRequest,
+            sweep_manifests,
+        )
+        from orchestrator.sweeps.spec import load_sweep
+
+        spec = load_sweep(file)
+        request = JobRequest(
+            spec=spec,
+            sweep_text=file.read_text(encoding="utf-8"),
+            shards=shards,
+            parallelism=parallelism,
+            retries_per_shard=DEFAULT_RETRIES_PER_SHARD if retries is None else retries,
+            image=image or DEFAULT_IMAGE,
+            results_claim=results_claim or DEFAULT_RESULTS_CLAIM,
+            namespace=namespace,
+            env_secret=env_secret,
+            runtime_class=runtime_class,
+        )
+        manifests = sweep_manifests(request)
+        if dry_run:
+            return manifests_yaml(manifests)
+        where = send(manifests, namespace)
+        job = manifests[-1]["metadata"]["name"]
+        return (
+            f"sweep {spec.name}: submitted job {job} ({shards} shard(s)) in namespace {where}; "
+            f"when it is done, copy {results_claim or DEFAULT_RESULTS_CLAIM}:/{spec.name} here "
+            f"and run prime-agent sweep merge DIR\n"
+        )
+
+    typer.echo(guarded(go, debug=debug), nl=False)
 
 
 @sweep_app.command("cancel")

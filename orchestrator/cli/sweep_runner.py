@@ -47,10 +47,12 @@ from orchestrator.errors import DaemonRefused, UserError
 
 if TYPE_CHECKING:
     from orchestrator.cli.connect import DaemonLink
+    from orchestrator.cli.sweep_shards import ShardExporter
     from orchestrator.settings import Settings
     from orchestrator.sweeps.grid import Cell
     from orchestrator.sweeps.harbor_env import Environment
     from orchestrator.sweeps.runnable import Machine
+    from orchestrator.sweeps.shards import Shard
     from orchestrator.sweeps.spec import SweepFile
     from orchestrator.sweeps.trial import TrialInput
 
@@ -146,6 +148,7 @@ class _Run:
     stop_state: str | None = None
     # Harbor tasks' sandbox images, by task id (made before any trial starts).
     environments: dict[str, Environment] = field(default_factory=dict)
+    exporter: ShardExporter | None = None  # --export-dir: the results, written as it goes
 
     def workspace(self, cell: Cell) -> Path:
         return self.data_dir / "sweeps" / self.spec.name / cell.fingerprint
@@ -275,6 +278,8 @@ async def _trial(run: _Run, cell: Cell) -> None:
         else:
             run.progress.failed += 1
         run.progress.show()
+        if run.exporter is not None:
+            await run.exporter.write_soon()
 
 
 @dataclass(frozen=True)
@@ -463,6 +468,25 @@ async def _prepare_environments(run: _Run, cells: list[Cell]) -> dict[str, str]:
     return {c.fingerprint: problems[c.task.id] for c in cells if c.task.id in problems}
 
 
+async def _exporter(
+    link: DaemonLink, spec: SweepFile, shard: Shard, every_cell: list[Cell], export_dir: Path
+) -> ShardExporter:
+    """The shard's exporter, with what its earlier export holds (a retried shard's)."""
+    from orchestrator.cli.sweep_shards import ShardExporter
+
+    exporter = ShardExporter(link, spec, shard, every_cell, export_dir)
+    problem = await asyncio.to_thread(exporter.read_earlier)
+    if problem is not None:
+        print(f"sweep {spec.name}: earlier export left aside: {problem}", file=sys.stderr)
+    elif exporter.earlier_cells:
+        print(
+            f"sweep {spec.name}: shard {shard}: {len(exporter.scored_earlier())} cell(s) "
+            f"scored in {exporter.cells_path} are not run again",
+            file=sys.stderr,
+        )
+    return exporter
+
+
 def check_models(spec: SweepFile, settings: Settings) -> None:
     """Refuse, before anything runs, a sweep with a model no trial could call: an unknown
     provider or name, or a key that is not set in this shell (``UserError``, one line)."""
@@ -489,14 +513,26 @@ async def run_sweep(
     *,
     link_factory: Callable[[], DaemonLink],
     machine: Machine | None = None,
+    shard: Shard | None = None,
+    export_dir: Path | None = None,
 ) -> int:
     """Run ``spec``'s unscored cells; the exit code of the sweep's end (``SWEEP_EXIT_CODES``).
-    ``machine``: what this machine can give a trial (default: asked of the engine)."""
+    ``machine``: what this machine can give a trial (default: asked of the engine).
+    ``shard``: only its cells run (``sweeps/shards.py``); ``export_dir``: at the end, the
+    shard's cells and trials are written there as Parquet (the whole sweep as shard 0/1 when
+    no shard is given)."""
     from orchestrator.daemon.backends import BACKEND_ENV
     from orchestrator.sweeps.grid import expand
     from orchestrator.sweeps.runnable import Machine, cannot_run, report_lines, unrunnable
+    from orchestrator.sweeps.shards import Shard
 
-    cells = expand(spec)
+    every_cell = expand(spec)
+    cells = every_cell if shard is None else shard.take(every_cell)
+    if shard is not None:
+        print(
+            f"sweep {spec.name}: shard {shard}: {len(cells)} of {len(every_cell)} cells",
+            file=sys.stderr,
+        )
     if machine is None:
         backend = spec.backend or os.environ.get(BACKEND_ENV)
         machine = Machine(settings, backend=backend)
@@ -515,8 +551,20 @@ async def run_sweep(
         )
         rows = await _open(run, cells, reasons)
         states = {row["fingerprint"]: row for row in rows}
-        held = {f: why for f, why in reasons.items() if states[f]["state"] == "unrunnable"}
-        todo = [c for c in cells if states[c.fingerprint]["state"] not in _NOT_TO_RUN]
+        carried: set[str] = set()  # scored in this shard's earlier export: not run again
+        if export_dir is not None:
+            run.exporter = await _exporter(link, spec, shard or Shard(0, 1), every_cell, export_dir)
+            carried = run.exporter.scored_earlier()
+        held = {
+            f: why
+            for f, why in reasons.items()
+            if states[f]["state"] == "unrunnable" and f not in carried
+        }
+        todo = [
+            c
+            for c in cells
+            if states[c.fingerprint]["state"] not in _NOT_TO_RUN and c.fingerprint not in carried
+        ]
         # Harbor tasks' environments are built now (heavy: only for cells still to run); one
         # that cannot be made here holds its cells like any other reason.
         not_made = await _prepare_environments(run, todo)
@@ -526,7 +574,11 @@ async def run_sweep(
             todo = [c for c in todo if c.fingerprint not in not_made]
         for line in report_lines(spec.name, cells, held):
             print(line, file=sys.stderr)
-        progress.done = sum(1 for c in cells if states[c.fingerprint]["state"] == "scored")
+        progress.done = sum(
+            1
+            for c in cells
+            if states[c.fingerprint]["state"] == "scored" or c.fingerprint in carried
+        )
         progress.held = len(held)
         progress.cost_usd = sum(float(r.get("cost_usd") or 0) for r in rows)
         progress.tokens = sum(int(r.get("tokens") or 0) for r in rows)
@@ -553,5 +605,8 @@ async def run_sweep(
             closed = await link.mutate("sweep_close", name=spec.name, state=state)
             state = str(closed["sweep"]["state"])
         progress.show(final=True)
+        if run.exporter is not None:
+            written = await run.exporter.write()
+            print(f"sweep {spec.name}: results in {written}", file=sys.stderr)
         print(f"sweep {spec.name}: {state}", file=sys.stderr)
         return SWEEP_EXIT_CODES.get(state, EXIT_ERROR)

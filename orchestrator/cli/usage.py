@@ -138,4 +138,5 @@ def _print_rows(rows: list[dict[str, Any]], as_json: bool) -> None:
             f"{f'{summary.cache_read}/{summary.cache_write}':>13} "
             f"{format_cost(summary):>22}  "
             f"{models} / {str(row.get('name') or '')[:40]}"
+            + (f" · {summary.imported_calls} imported calls" if summary.imported_calls else "")
         )

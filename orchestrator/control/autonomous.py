@@ -223,6 +223,9 @@ class Stop:
 
     reason: StopReason
     detail: str = ""
+    # ``gate_failed``: the limit that ended the run with a gate still failing (turn_limit,
+    # token_limit, time_limit); ACP reports the limit, as Prime Agent does.
+    limit: StopReason | None = None
 
     @property
     def exit_code(self) -> int:
@@ -455,7 +458,8 @@ class Autonomy:
         limit = self._limit(run)
         if limit is not None:
             how = "was not run again" if result.skipped else _how(result)
-            return Stop("gate_failed", f"{limit.detail}; gate `{result.command}` {how}")
+            detail = f"{limit.detail}; gate `{result.command}` {how}"
+            return Stop("gate_failed", detail, limit=limit.reason)
         if result.skipped:
             exited = f"exit {last_exit}" if isinstance(last_exit, int) else "it failed"
             return Continue(
@@ -512,6 +516,7 @@ class Autonomy:
                 AutonomousStopPayload(
                     reason=decision.reason,
                     detail=decision.detail,
+                    limit=decision.limit,
                     turns=run.turns,
                     tokens=run.tokens,
                     elapsed_s=round(self._elapsed_s(run.row), 3),

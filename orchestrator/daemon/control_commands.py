@@ -174,6 +174,7 @@ def autonomous_state(row: AutonomyRow | None, now: datetime) -> JsonObject:
             "mode": "off",
             "turns": 0,
             "tokens": 0,
+            "continuations": 0,
             "elapsed_s": None,
             "limits": None,
             "gates": [],
@@ -188,6 +189,7 @@ def autonomous_state(row: AutonomyRow | None, now: datetime) -> JsonObject:
         "mode": "on" if row.enabled and not row.stopped else "off",
         "turns": row.turns_used,
         "tokens": row.tokens_used,
+        "continuations": row.continuations_used,
         "elapsed_s": round(max(0.0, (until - row.started_at).total_seconds()), ELAPSED_DECIMALS),
         "limits": {
             "max_turns": policy.max_turns,

@@ -221,18 +221,27 @@ async def _trial_finish(daemon: CommandContext, command: SweepTrialFinish) -> Js
 
 
 async def _status(daemon: CommandContext, command: SweepStatus) -> JsonObject:
-    def run(con: Any) -> tuple[tables.SweepRow | None, list[tables.CellRow], list[Any]]:
+    def run(
+        con: Any,
+    ) -> tuple[tables.SweepRow | None, list[tables.CellRow], list[Any], list[JsonObject]]:
         row = tables.select_sweep(con, command.name)
         if row is None:
-            return None, [], []
+            return None, [], [], []
         cells = tables.select_cells(con, command.name, offset=command.offset, limit=command.limit)
-        return row, cells, con.execute(_TOTALS_SQL, [command.name]).fetchall()
+        trials = (
+            tables.select_trials(con, command.name, [c.fingerprint for c in cells])
+            if command.trials
+            else []
+        )
+        return row, cells, con.execute(_TOTALS_SQL, [command.name]).fetchall(), trials
 
-    row, cells, totals = await daemon.store.read_side(run)
+    row, cells, totals, trials = await daemon.store.read_side(run)
     if row is None:
         raise ApiCommandError(E_NOT_FOUND, f"no sweep {command.name!r}")
     summary = _summary(row, totals)
+    extra: JsonObject = {"trials": trials} if command.trials else {}
     return {
+        **extra,
         "sweep": summary,
         "counts": summary["counts"],
         "cells_total": summary["cells_total"],

@@ -218,13 +218,16 @@ def discover_in(roots: Sequence[Path]) -> SkillDiscovery:
 
 
 def _candidates(root: Path, warnings: list[str]) -> list[Path]:
-    """The directories directly in ``root`` that hold a SKILL.md, by name."""
+    """The directories directly in ``root`` that hold a SKILL.md, by name; ``root`` itself
+    when it is one skill (``--skill PATH`` names a skill's own directory)."""
     try:
         if not root.exists():
             return []
         if not root.is_dir():
             warnings.append(f"skills root {root} is not a directory")
             return []
+        if _is_file(root / SKILL_FILE_NAME):
+            return [root]
         with os.scandir(root) as entries:
             names = sorted(entry.name for entry in entries if not entry.name.startswith("."))
     except OSError as exc:

@@ -58,12 +58,19 @@ def encode_reply(reply: RawReply) -> dict[str, Any]:
         "tool_calls": [[c.id, c.name, c.arguments] for c in reply.tool_calls],
         "finish": reply.finish,
         "usage": reply.usage,
+        "thinking": reply.thinking,
     }
 
 
 def decode_reply(fields: dict[str, Any]) -> RawReply:
     calls = [ToolCall(id=i, name=n, arguments=a) for i, n, a in fields["tool_calls"]]
-    return RawReply(str(fields["text"]), calls, str(fields["finish"]), fields.get("usage"))
+    return RawReply(
+        str(fields["text"]),
+        calls,
+        str(fields["finish"]),
+        fields.get("usage"),
+        str(fields.get("thinking") or ""),
+    )
 
 
 def encode_failure(exc: AttemptFailed) -> dict[str, Any]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import sys
 from typing import Any
 
 from orchestrator.models.call_frames import encode_failure, encode_frame, encode_reply, read_frame
 from orchestrator.models.openai_stream import StreamRequest, close_pools, exchange
-from orchestrator.models.reply import AttemptFailed
+from orchestrator.models.reply import AttemptFailed, DeltaKind
 from orchestrator.procs import set_parent_death_signal
 
 __all__ = ["main"]
@@ -45,18 +46,19 @@ class _Worker:
         task.add_done_callback(lambda _done: self._tasks.pop(rid, None))
 
     async def _run(self, rid: int, request: StreamRequest, deltas: bool) -> None:
-        waiting: list[str] = []
+        waiting: list[tuple[DeltaKind, str]] = []
 
         def flush() -> None:
-            if waiting:
-                self._send({"id": rid, "delta": "".join(waiting)})
-                waiting.clear()
+            # Consecutive pieces of one kind travel as one frame, in order.
+            for kind, group in itertools.groupby(waiting, key=lambda piece: piece[0]):
+                self._send({"id": rid, "delta": "".join(t for _, t in group), "kind": kind})
+            waiting.clear()
 
-        def on_delta(text: str) -> None:
-            # One frame per loop iteration (a network piece), not one per SSE event.
+        def on_delta(text: str, kind: DeltaKind) -> None:
+            # One flush per loop iteration (a network piece), not one frame per SSE event.
             if not waiting:
                 asyncio.get_running_loop().call_soon(flush)
-            waiting.append(text)
+            waiting.append((kind, text))
 
         try:
             reply = await exchange(request, on_delta if deltas else None)

@@ -23,7 +23,6 @@ import itertools
 import logging
 import os
 import sys
-from collections.abc import Callable
 from typing import Final
 
 from orchestrator.models.call_frames import (
@@ -33,7 +32,7 @@ from orchestrator.models.call_frames import (
     read_frame,
 )
 from orchestrator.models.openai_stream import Exchange, RawReply, StreamRequest
-from orchestrator.models.reply import AttemptFailed
+from orchestrator.models.reply import AttemptFailed, DeltaKind, OnDelta
 from orchestrator.procs import stop_process_group
 from orchestrator.settings import PROCESS_STOP_GRACE_S
 
@@ -73,16 +72,14 @@ class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self._ids = itertools.count(1)
-        self._waiting: dict[int, tuple[asyncio.Future[RawReply], Callable[[str], None] | None]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[RawReply], OnDelta | None]] = {}
         self._reader = asyncio.create_task(self._read())
 
     @property
     def alive(self) -> bool:
         return self.proc.returncode is None and not self._reader.done()
 
-    async def exchange(
-        self, request: StreamRequest, on_delta: Callable[[str], None] | None
-    ) -> RawReply:
+    async def exchange(self, request: StreamRequest, on_delta: OnDelta | None) -> RawReply:
         assert self.proc.stdin is not None
         rid = next(self._ids)
         future: asyncio.Future[RawReply] = asyncio.get_running_loop().create_future()
@@ -127,7 +124,8 @@ class _Worker:
                 future, on_delta = waiting
                 if "delta" in head:
                     if on_delta is not None:
-                        on_delta(str(head["delta"]))
+                        kind: DeltaKind = "thinking" if head.get("kind") == "thinking" else "text"
+                        on_delta(str(head["delta"]), kind)
                 elif future.done():
                     continue
                 elif "reply" in head:
@@ -173,7 +171,7 @@ class CallWorkers:
         if self._slots[slot] is None:
             self._warm(slot)
 
-        async def run(request: StreamRequest, on_delta: Callable[[str], None] | None) -> RawReply:
+        async def run(request: StreamRequest, on_delta: OnDelta | None) -> RawReply:
             worker = await self._worker(slot)
             return await worker.exchange(request, on_delta)
 

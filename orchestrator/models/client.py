@@ -35,7 +35,7 @@ from orchestrator.models.provider_gate import (
     provider_gates,
 )
 from orchestrator.models.registry import ResolvedModel
-from orchestrator.models.reply import RETRYABLE, AttemptFailed, ModelReply, RetryInfo
+from orchestrator.models.reply import RETRYABLE, AttemptFailed, ModelReply, OnDelta, RetryInfo
 from orchestrator.settings import Settings
 
 __all__ = ["ContextOverflow", "ModelClient", "ModelReply", "RetryInfo", "Transport"]
@@ -51,7 +51,7 @@ class Transport(Protocol):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-        on_delta: Callable[[str], None] | None,
+        on_delta: OnDelta | None,
     ) -> ModelReply: ...
 
 
@@ -95,7 +95,7 @@ class ModelClient:
         *,
         tools: list[dict[str, Any]] | None = None,
         temperature: float | None = None,
-        on_delta: Callable[[str], None] | None = None,
+        on_delta: OnDelta | None = None,
         on_retry: Callable[[RetryInfo], Awaitable[None]] | None = None,
     ) -> ModelReply:
         await self._look_up_prices()

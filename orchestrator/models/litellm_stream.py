@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any, Final
 
 from orchestrator.models.cost import usage_record
@@ -22,6 +21,7 @@ from orchestrator.models.reply import (
     AttemptFailed,
     FailureKind,
     ModelReply,
+    OnDelta,
     ToolCallParts,
     joined_calls,
     retry_after_s,
@@ -145,7 +145,7 @@ class LitellmStream:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-        on_delta: Callable[[str], None] | None,
+        on_delta: OnDelta | None,
     ) -> ModelReply:
         litellm = await ensure_litellm()
         try:
@@ -161,7 +161,7 @@ class LitellmStream:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-        on_delta: Callable[[str], None] | None,
+        on_delta: OnDelta | None,
     ) -> ModelReply:
         kwargs: dict[str, Any] = {
             "model": self.model.litellm_model,
@@ -188,6 +188,7 @@ class LitellmStream:
         async with asyncio.timeout(idle):
             stream = await litellm.acompletion(**kwargs)
         text: list[str] = []
+        thinking: list[str] = []
         calls: dict[int, ToolCallParts] = {}
         finish: str | None = None
         usage_obj: Any = None
@@ -200,11 +201,17 @@ class LitellmStream:
                 for choice in getattr(chunk, "choices", None) or []:
                     delta = getattr(choice, "delta", None)
                     if delta is not None:
+                        # litellm names every provider's reasoning ``reasoning_content``.
+                        thought = getattr(delta, "reasoning_content", None)
+                        if isinstance(thought, str) and thought:
+                            thinking.append(thought)
+                            if on_delta is not None:
+                                on_delta(thought, "thinking")
                         piece = getattr(delta, "content", None)
                         if piece:
                             text.append(piece)
                             if on_delta is not None:
-                                on_delta(piece)
+                                on_delta(piece, "text")
                         for tc in getattr(delta, "tool_calls", None) or []:
                             index = getattr(tc, "index", None)
                             parts = calls.setdefault(
@@ -247,7 +254,13 @@ class LitellmStream:
                 ),
                 cache_write=_count(usage_obj, "cache_creation_input_tokens"),
             )
-        return ModelReply(text=joined, tool_calls=tool_calls, finish_reason=finish, usage=usage)
+        return ModelReply(
+            text=joined,
+            tool_calls=tool_calls,
+            finish_reason=finish,
+            usage=usage,
+            thinking="".join(thinking),
+        )
 
 
 def _count(obj: Any, name: str) -> int:

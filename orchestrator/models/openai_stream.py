@@ -38,6 +38,7 @@ from orchestrator.models.reply import (
     AttemptFailed,
     FailureKind,
     ModelReply,
+    OnDelta,
     ToolCallParts,
     joined_calls,
     retry_after_s,
@@ -65,6 +66,8 @@ HTTP_TOO_MANY_REQUESTS: Final = 429
 HTTP_SERVER_ERROR: Final = 500
 SSE_DONE: Final = "[DONE]"
 CHAT_PATH: Final = "/chat/completions"
+# Where a stream's delta carries the model's reasoning, by provider habit.
+REASONING_KEYS: Final = ("reasoning_content", "reasoning")
 # What servers say when the prompt does not fit (OpenAI, vLLM, llama.cpp, Ollama).
 _OVERFLOW_MARKERS: Final = (
     "context_length_exceeded",
@@ -161,13 +164,14 @@ class RawReply:
     tool_calls: list[ToolCall]
     finish: str
     usage: dict[str, Any] | None  # the server's usage object; None when it sent none
+    thinking: str = ""  # reasoning deltas (``reasoning_content`` or ``reasoning``)
 
 
 # Runs one exchange: ``exchange`` below, in this loop, or a model-call worker's.
-Exchange = Callable[[StreamRequest, Callable[[str], None] | None], Awaitable[RawReply]]
+Exchange = Callable[[StreamRequest, OnDelta | None], Awaitable[RawReply]]
 
 
-async def exchange(request: StreamRequest, on_delta: Callable[[str], None] | None) -> RawReply:
+async def exchange(request: StreamRequest, on_delta: OnDelta | None) -> RawReply:
     """Post ``request`` and read its stream; ``AttemptFailed`` for every failure."""
     idle = request.idle_s
     streaming = False
@@ -189,9 +193,7 @@ async def exchange(request: StreamRequest, on_delta: Callable[[str], None] | Non
         raise _transport_failure(exc, streaming) from exc
 
 
-async def _read(
-    response: http1.Response, on_delta: Callable[[str], None] | None, idle_s: float
-) -> RawReply:
+async def _read(response: http1.Response, on_delta: OnDelta | None, idle_s: float) -> RawReply:
     reply = _StreamedReply(on_delta)
     sse = SseData()
     try:
@@ -207,7 +209,13 @@ async def _read(
             raise  # a server that holds the connection open after [DONE] costs nothing
     if reply.finish is None:
         raise AttemptFailed("stream_cut", "stream ended before the reply was complete")
-    return RawReply("".join(reply.text), joined_calls(reply.calls), reply.finish, reply.usage)
+    return RawReply(
+        "".join(reply.text),
+        joined_calls(reply.calls),
+        reply.finish,
+        reply.usage,
+        "".join(reply.thinking),
+    )
 
 
 class OpenAIStream:
@@ -259,10 +267,12 @@ class OpenAIStream:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         temperature: float | None,
-        on_delta: Callable[[str], None] | None,
+        on_delta: OnDelta | None,
     ) -> ModelReply:
         raw = await self._exchange(self.request(messages, tools, temperature), on_delta)
-        return await self._reply(raw, messages)
+        reply = await self._reply(raw, messages)
+        reply.thinking = raw.thinking
+        return reply
 
     async def _reply(self, raw: RawReply, messages: list[dict[str, Any]]) -> ModelReply:
         joined, tool_calls, finish, usage = raw.text, raw.tool_calls, raw.finish, raw.usage
@@ -304,11 +314,12 @@ class _StreamedReply:
     """What the stream's payloads said so far; ``done`` once ``[DONE]`` came (what follows it is
     read, so the connection can be reused, but not taken)."""
 
-    __slots__ = ("calls", "done", "finish", "on_delta", "text", "usage")
+    __slots__ = ("calls", "done", "finish", "on_delta", "text", "thinking", "usage")
 
-    def __init__(self, on_delta: Callable[[str], None] | None) -> None:
+    def __init__(self, on_delta: OnDelta | None) -> None:
         self.on_delta = on_delta
         self.text: list[str] = []
+        self.thinking: list[str] = []
         self.calls: dict[int, ToolCallParts] = {}
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
@@ -325,9 +336,14 @@ class _StreamedReply:
             self.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             if isinstance(choice, dict):
+                thought = _reasoning(choice)
+                if thought:
+                    self.thinking.append(thought)
+                    if self.on_delta is not None:
+                        self.on_delta(thought, "thinking")
                 piece = _add_choice(choice, self.text, self.calls)
                 if piece and self.on_delta is not None:
-                    self.on_delta(piece)
+                    self.on_delta(piece, "text")
                 if choice.get("finish_reason"):
                     self.finish = str(choice["finish_reason"])
 
@@ -363,6 +379,19 @@ def _add_choice(
     if isinstance(piece, str) and piece:
         text.append(piece)
         return piece
+    return None
+
+
+def _reasoning(choice: dict[str, Any]) -> str | None:
+    """A delta's reasoning piece: ``reasoning_content`` (DeepSeek, vLLM, the embedded server)
+    or ``reasoning`` (OpenRouter, Ollama)."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return None
+    for key in REASONING_KEYS:
+        piece = delta.get(key)
+        if isinstance(piece, str) and piece:
+            return piece
     return None
 
 

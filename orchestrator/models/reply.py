@@ -9,6 +9,7 @@ retry, back off and fail alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -17,8 +18,10 @@ from orchestrator.call_records import ToolCall, UsagePayload
 __all__ = [
     "RETRYABLE",
     "AttemptFailed",
+    "DeltaKind",
     "FailureKind",
     "ModelReply",
+    "OnDelta",
     "RetryInfo",
     "ToolCallParts",
     "joined_calls",
@@ -63,12 +66,20 @@ class AttemptFailed(Exception):
         self.connected = connected  # False: no connection was made at all
 
 
+# What a streamed piece of a reply is: its text, or its reasoning (a provider's
+# ``reasoning_content`` / ``reasoning`` deltas).
+DeltaKind = Literal["text", "thinking"]
+# Called with each piece as the model streams it.
+OnDelta = Callable[[str, DeltaKind], None]
+
+
 @dataclass
 class ModelReply:
     text: str
     tool_calls: list[ToolCall]
     finish_reason: str
     usage: UsagePayload
+    thinking: str = ""  # the model's reasoning, when its provider streams it
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from orchestrator.sessions.notices import (
     notice_message,
 )
 from orchestrator.sessions.post_turn import after_turn
-from orchestrator.sessions.prompting import PromptBuilder, run_prompts
+from orchestrator.sessions.prompting import PromptBuilder, run_prompts, run_skill_paths
 from orchestrator.sessions.run_settings import settings_for
 from orchestrator.sessions.sandbox_policy import (
     SandboxChoice,
@@ -344,7 +344,7 @@ class Orchestrator:
             labels={"root": record.root_id},
             snapshot_dir=self.sandboxes.snapshot_dir(record.id),
             die_with_parent=self.die_with_parent,
-            skill_dirs=self.prompts.skill_dirs(record.cwd),
+            skill_dirs=self.prompts.skill_dirs(record.cwd, run_skill_paths(record)),
         )
         policy = record.sandbox_policy
         return spec if policy is None else apply_policy(spec, policy)
@@ -504,7 +504,8 @@ class Orchestrator:
             ]
             if not missing:
                 return
-            summaries = await self.store.usage_summary([r.id for r in missing])
+            # Calls an imported file brought were another installation's: never this budget's.
+            summaries = await self.store.usage_summary([r.id for r in missing], imported=False)
             usage = {u.session_id: u for u in summaries}
             for rec in missing:  # parents first (ordered by depth): children link to them
                 u = usage.get(rec.id)

@@ -26,7 +26,12 @@ import duckdb
 
 from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt, mcp_prompt_section
 from orchestrator.harness.prompt_section import ENTRIES_PER_KIND, harness_section
-from orchestrator.harness.skills import SkillDiscovery, discover_skills, skills_prompt_section
+from orchestrator.harness.skills import (
+    SkillDiscovery,
+    discover_in,
+    discover_skills,
+    skills_prompt_section,
+)
 from orchestrator.mcp.hub import McpHub
 from orchestrator.paths import Paths
 from orchestrator.sessions.live import LiveSession
@@ -59,6 +64,12 @@ def run_prompts(record: SessionRecord) -> tuple[str | None, str | None]:
     return chosen.system_prompt, chosen.append_system_prompt
 
 
+def run_skill_paths(record: SessionRecord) -> tuple[str, ...]:
+    """The skills its run added (``--skill PATH``): the whole family sees them."""
+    chosen = record.run_settings
+    return tuple(chosen.skill_paths or ()) if chosen is not None else ()
+
+
 def _read_harness(
     con: duckdb.DuckDBPyConnection, owners: Sequence[str]
 ) -> tuple[list[HarnessEntry], dict[str, int]]:
@@ -74,7 +85,7 @@ class PromptBuilder:
         self.settings = settings
         self._generation: defaultdict[str, int] = defaultdict(int)
         self._built: dict[str, _Built] = {}
-        self._skills: dict[str, SkillDiscovery] = {}
+        self._skills: dict[tuple[str, tuple[str, ...]], SkillDiscovery] = {}
         # Owners with harness entries: a new tree without any (most sessions of a sweep) builds
         # its first prompt without a read. Kept by ``changed``, which every writer calls.
         self._owners = SessionsWithRows(store, distinct_sessions_query("harness_entries", "owner"))
@@ -87,22 +98,28 @@ class PromptBuilder:
     def forget(self, session_id: str) -> None:
         self._built.pop(session_id, None)
 
-    def skills(self, cwd: str) -> SkillDiscovery:
-        """The skills a session in ``cwd`` sees (discovered once per directory)."""
-        found = self._skills.get(cwd)
+    def skills(self, cwd: str, added: tuple[str, ...] = ()) -> SkillDiscovery:
+        """The skills a session in ``cwd`` sees, with those its run ``added`` (``--skill``,
+        after the project's and the user's; loaded even with ``[harness] skills`` off, as
+        the user asked for them by name). Discovered once per directory and additions."""
+        key = (cwd, added)
+        found = self._skills.get(key)
         if found is None:
+            extra = [Path(path) for path in added]
             if self.settings.harness.skills:
-                found = discover_skills(Path(cwd), paths=self.paths)
-                for warning in found.warnings:
-                    log.warning("skills: %s", warning)
+                found = discover_skills(Path(cwd), paths=self.paths, extra_dirs=extra)
+            elif extra:
+                found = discover_in(extra)
             else:
                 found = SkillDiscovery(skills=(), warnings=())
-            self._skills[cwd] = found
+            for warning in found.warnings:
+                log.warning("skills: %s", warning)
+            self._skills[key] = found
         return found
 
-    def skill_dirs(self, cwd: str) -> tuple[Path, ...]:
+    def skill_dirs(self, cwd: str, added: tuple[str, ...] = ()) -> tuple[Path, ...]:
         """Directories of the Python-backed skills to put on a sandbox's import path."""
-        return self.skills(cwd).python_dirs()
+        return self.skills(cwd, added).python_dirs()
 
     async def _mcp_servers(self, owner: str) -> list[dict[str, Any]]:
         """The MCP servers a family sees, each with its state and catalog (waiting, once,
@@ -143,7 +160,7 @@ class PromptBuilder:
         if present:
             # harness_entries only: a side read, which leaves the step's rows in the log.
             entries, totals = await self.store.read_side(lambda con: _read_harness(con, present))
-        skills = skills_prompt_section(self.skills(rec.cwd).skills)
+        skills = skills_prompt_section(self.skills(rec.cwd, run_skill_paths(rec)).skills)
         base, appended = run_prompts(rec)
         prompt = build_system_prompt(
             EnvironmentFacts(cwd=rec.cwd, model=live.model.selector, backend=rec.backend),

@@ -679,10 +679,19 @@ class Store:
 
     # -- usage -----------------------------------------------------------------------------------
 
-    async def usage_summary(self, session_ids: list[str] | None = None) -> list[UsageSummary]:
-        """Per-session usage totals (all sessions when ``session_ids`` is None)."""
+    async def usage_summary(
+        self, session_ids: list[str] | None = None, *, imported: bool = True
+    ) -> list[UsageSummary]:
+        """Per-session usage totals (all sessions when ``session_ids`` is None);
+        ``imported=False``: without the calls an imported file brought (budgets)."""
         ids = None if session_ids is None else list(session_ids)
-        return await self._call(lambda con: queries.select_usage_summary(con, ids))
+        return await self._call(
+            lambda con: queries.select_usage_summary(con, ids, imported=imported)
+        )
+
+    async def imported_header(self, session_id: str) -> dict[str, Any] | None:
+        """The header of the file ``session_id`` was imported from (None: not imported)."""
+        return await self._call(lambda con: queries.select_imported_header(con, session_id))
 
     # -- submission (loop side) ------------------------------------------------------------------
 

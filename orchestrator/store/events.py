@@ -10,7 +10,7 @@ A model call's ``ToolCall`` and ``UsagePayload`` are defined in ``orchestrator/c
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,7 @@ from orchestrator.call_records import ToolCall, UsagePayload
 
 __all__ = [
     "EVENT_PAYLOADS",
+    "IMPORTED_ENTRY_TYPES",
     "AbortedPayload",
     "AssistantMessagePayload",
     "AutonomousStopPayload",
@@ -68,6 +69,27 @@ class _Payload(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _absent(value: object) -> bool:
+    return value is None
+
+
+# An imported event's file entry; left out of the recorded payload when there is none, so the
+# events of sessions that were never imported carry nothing more.
+SourceEntry = Annotated[dict[str, Any] | None, Field(default=None, exclude_if=_absent)]
+
+# The event types an imported entry of a session file may become with its ``source_entry``.
+IMPORTED_ENTRY_TYPES: frozenset[str] = frozenset(
+    {
+        "user_message",
+        "assistant_message",
+        "tool_result",
+        "branch_summary",
+        "compaction",
+        "model_change",
+    }
+)
+
+
 class UserMessagePayload(_Payload):
     text: str
     # who put it there: the user, a parent agent (task), another agent of the family (a
@@ -83,6 +105,9 @@ class UserMessagePayload(_Payload):
     # The mailbox ids of the other deliveries merged into this message (besides
     # ``message_id``): each counts as recorded with it, so none is redelivered after a crash.
     merged_message_ids: list[str] | None = None
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 class AssistantMessagePayload(_Payload):
@@ -94,6 +119,12 @@ class AssistantMessagePayload(_Payload):
     usage: UsagePayload | None = None
     # Fenced-code protocol: the code block was taken from ``text`` (no native tool call).
     fenced: bool = False
+    # The model's reasoning before this reply, when its provider streams it (never sent back
+    # to the model; shown to clients: ACP thought chunks, RPC and session-file thinking).
+    thinking: str | None = Field(default=None, exclude_if=_absent)
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 class ToolResultPayload(_Payload):
@@ -105,6 +136,9 @@ class ToolResultPayload(_Payload):
     duration_ms: float = 0.0
     artifact: str | None = None  # path of the full output when it was truncated
     kernel_restarted: bool = False
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 class RetryPayload(_Payload):
@@ -165,6 +199,8 @@ class AutonomousStopPayload(_Payload):
 
     reason: str  # control/autonomous.py STOP_REASONS
     detail: str = ""
+    # gate_failed: the limit that stopped the run (turn_limit, token_limit, time_limit).
+    limit: str | None = Field(default=None, exclude_if=_absent)
     turns: int = 0
     tokens: int = 0
     elapsed_s: float = 0.0
@@ -212,6 +248,9 @@ class BranchSummaryPayload(_Payload):
     summary: str
     from_event_id: str | None = None  # the leaf that was left
     details: dict[str, Any] | None = None  # e.g. {"readFiles": [...], "modifiedFiles": [...]}
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 class CustomPayload(_Payload):
@@ -221,6 +260,8 @@ class CustomPayload(_Payload):
 
     entry_type: str  # the file's entry type: "custom", "label", "session_info", ...
     fields: dict[str, Any] = Field(default_factory=dict)
+    # Its id in the file: an export writes it under that id again (absent when not imported).
+    entry_id: str | None = Field(default=None, exclude_if=_absent)
 
 
 class CompactionPayload(_Payload):
@@ -241,6 +282,9 @@ class CompactionPayload(_Payload):
     kernel_note: str | None = None  # what the kernel kept and dropped (oversized variables)
     model: str | None = None  # the session's model here: a later read stops at this event
     summarized_events: int = 0
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 class ModelChangePayload(_Payload):
@@ -251,6 +295,9 @@ class ModelChangePayload(_Payload):
     # The endpoints switched between (None: the provider's own, or the embedded model).
     api_base: str | None = None
     previous_api_base: str | None = None
+    # Imported from a session file: its entry as it was (thinking blocks, signatures, usage
+    # with per-kind costs, api, errorMessage, tool details ...), written back by an export.
+    source_entry: SourceEntry = None
 
 
 EVENT_PAYLOADS: dict[str, type[BaseModel]] = {

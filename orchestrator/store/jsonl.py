@@ -11,6 +11,11 @@ model. What pi's shapes have no field for (who sent a user message, the fenced p
 compaction's reason and pinned turn ...) rides in an extra ``primeAgent`` object, which pi
 ignores and ``jsonl_import`` reads back.
 
+An imported event keeps the file's entry (``source_entry``, orchestrator/store/jsonl_import.py):
+it is written back as it was, under its own id (when no entry written before took it), and an
+imported session's header is the file's (``sessions.imported_header``) with this version. So
+import → export → import → export writes the same file twice, ids and session id included.
+
 pi takes the last entry of a file as the leaf. When the session's leaf is not its newest event
 (after a branch), one more entry follows: ``custom`` ``prime-agent.leaf`` whose parent is the
 leaf, so pi resumes on the same path and ``jsonl_import`` restores the leaf (and drops it).
@@ -32,6 +37,7 @@ import duckdb
 
 from orchestrator.errors import StoreError
 from orchestrator.store.db import Store
+from orchestrator.store.events import IMPORTED_ENTRY_TYPES
 from orchestrator.store.queries import EventRecord
 
 __all__ = [
@@ -92,6 +98,7 @@ class _IdMap:
         self._by_event: dict[str, str] = {}
         self._taken: set[str] = set()
         self._events: set[str] = set()
+        self._preferred: dict[str, str] = {}  # imported events: the id their file gave them
 
     def restrict(self, event_ids: set[str]) -> None:
         """The session's event ids: only these are mapped where a payload names an entry."""
@@ -100,10 +107,19 @@ class _IdMap:
     def known(self, event_id: str) -> bool:
         return event_id in self._events
 
+    def prefer(self, preferred: dict[str, str]) -> None:
+        """Event id → the entry id it had in an imported file: used when still free."""
+        self._preferred = preferred
+
     def add(self, event_id: str) -> str:
         known = self._by_event.get(event_id)
         if known is not None:  # already named by a reference to it
             return known
+        original = self._preferred.get(event_id)
+        if original is not None and original not in self._taken:
+            self._taken.add(original)
+            self._by_event[event_id] = original
+            return original
         attempt = 0
         while True:
             seed = event_id if attempt == 0 else f"{event_id}#{attempt}"
@@ -169,7 +185,11 @@ def _message(event: EventRecord) -> dict[str, Any] | None:
 
 def pi_message(kind: str, p: dict[str, Any], ts_ms: int) -> dict[str, Any] | None:
     """The pi ``AgentMessage`` of a user message, assistant message or tool result (None for
-    any other event): what a session file's message entries and RPC mode's events carry."""
+    any other event): what a session file's message entries and RPC mode's events carry.
+    An imported message is the file's own (thinking blocks, costs and all)."""
+    source = p.get("source_entry")
+    if isinstance(source, dict) and isinstance(source.get("message"), dict):
+        return dict(source["message"])
     if kind == "user_message":
         return {
             "role": "user",
@@ -179,6 +199,8 @@ def pi_message(kind: str, p: dict[str, Any], ts_ms: int) -> dict[str, Any] | Non
         }
     if kind == "assistant_message":
         content: list[dict[str, Any]] = []
+        if p.get("thinking"):
+            content.append({"type": "thinking", "thinking": p["thinking"]})
         if p.get("text"):
             content.append(_text_block(p["text"]))
         for call in p.get("tool_calls", []):
@@ -270,6 +292,10 @@ def jsonl_entry(
         "timestamp": _iso(event.ts),
     }
     p = event.payload
+    source = p.get("source_entry")
+    if isinstance(source, dict) and event.type in IMPORTED_ENTRY_TYPES:
+        # As the file had it; its references name the file's ids, which its entries keep.
+        return {**source, "id": entry_id, "parentId": parent_id}
     if event.type == "branch_summary":
         entry: dict[str, Any] = {"type": "branch_summary", **base, "summary": p["summary"]}
         entry.update(_references({"fromId": p.get("from_event_id")}, ids))
@@ -313,19 +339,26 @@ async def export_session_jsonl(store: Store, session_id: str, out: TextIO) -> in
     session = await store.get_session(session_id)
     if session is None:
         raise StoreError(f"unknown session {session_id!r}")
-    header: dict[str, Any] = {
-        "type": "session",
-        "version": JSONL_VERSION,
-        "id": session.id,
-        "timestamp": _iso(session.created_at),
-        "cwd": session.cwd,
-    }
-    if session.forked_from is not None:  # pi names the file; we name the session
-        header["parentSession"] = session.forked_from
+    imported = await store.imported_header(session_id)
+    header: dict[str, Any]
+    if imported is not None:  # the file's header, in this file's version
+        header = {"type": "session", "version": JSONL_VERSION, **imported}
+        header["version"] = JSONL_VERSION
+    else:
+        header = {
+            "type": "session",
+            "version": JSONL_VERSION,
+            "id": session.id,
+            "timestamp": _iso(session.created_at),
+            "cwd": session.cwd,
+        }
+        if session.forked_from is not None:  # pi names the file; we name the session
+            header["parentSession"] = session.forked_from
     out.write(json.dumps(header, ensure_ascii=False) + "\n")
     ids = _IdMap()
-    known = await store.read(lambda con: _event_ids(con, session_id))
+    known, preferred = await store.read(lambda con: _event_ids(con, session_id))
     ids.restrict(known)
+    ids.prefer(preferred)
     count = 0
     after = 0
     last: EventRecord | None = None
@@ -355,6 +388,13 @@ async def export_session_jsonl(store: Store, session_id: str, out: TextIO) -> in
     return count
 
 
-def _event_ids(con: duckdb.DuckDBPyConnection, session_id: str) -> set[str]:
-    rows = con.execute("SELECT id FROM events WHERE session_id = $1", [session_id]).fetchall()
-    return {str(row[0]) for row in rows}
+def _event_ids(con: duckdb.DuckDBPyConnection, session_id: str) -> tuple[set[str], dict[str, str]]:
+    """The session's event ids, and for imported ones the entry id their file gave them."""
+    rows = con.execute(
+        "SELECT id, coalesce(json_extract_string(payload, '$.source_entry.id'), "
+        "json_extract_string(payload, '$.entry_id')) FROM events "
+        "WHERE session_id = $1",
+        [session_id],
+    ).fetchall()
+    preferred = {str(row[0]): str(row[1]) for row in rows if row[1] is not None}
+    return {str(row[0]) for row in rows}, preferred

@@ -11,10 +11,17 @@ line and exits 2).
   message role ``hookMessage``. Version 3 is what ``jsonl.export_session_jsonl`` writes.
 - ``message`` entries with role user / assistant / toolResult become ``user_message`` /
   ``assistant_message`` / ``tool_result`` events (text blocks joined; an image becomes a
-  ``[image omitted: TYPE]`` line; thinking blocks are dropped: our payloads have no place for
-  them). ``branch_summary`` entries become ``branch_summary`` events. ``custom`` entries named
-  ``prime-agent.<type>`` that hold a valid payload of that type become that event again (the
-  round trip of our own exports).
+  ``[image omitted: TYPE]`` line). ``branch_summary`` entries become ``branch_summary`` events.
+- Nothing of an entry is lost: each of those events (and the ``compaction`` and ``model_change``
+  ones below) keeps the entry as it was in its payload's ``source_entry`` (thinking blocks and
+  their signatures, ``errorMessage``, tool details such as diffs, usage with its per-kind
+  costs, ``api``), and an export writes that entry back under its own id. The header line is
+  kept whole in the session's ``imported_header`` (its id, cwd, provider, model, thinking
+  level, parent session), so an export writes it back too: import → export → import → export
+  gives the same file twice. Version 1 entries get ids (8 hex digits, derived from the header
+  id and the line) and their compactions name the kept entry by id, as pi's own migration
+  does. ``custom`` entries named ``prime-agent.<type>`` that hold a valid payload of that type
+  become that event again (the round trip of our own exports).
   ``compaction`` entries become ``compaction`` events (reason ``imported`` unless the file is
   one of ours), so context assembly starts from their summary and kept span; ``model_change``
   entries become ``model_change`` events.
@@ -24,11 +31,15 @@ line and exits 2).
 - The leaf is the file's last entry, as pi reads it (or the parent of a trailing
   ``prime-agent.leaf`` marker, which is not stored). The model is the newest one named on the
   active path (an assistant message's or a ``model_change``'s provider/model) unless given.
-- Usage rows are not written: imported calls were not made by this installation.
+- Each assistant message with usage becomes a usage row marked ``imported``: ``usage`` shows
+  the file's tokens and cost, and no budget counts them (another installation made the calls).
+- A file whose cwd does not exist here is imported into the fallback directory; the original is
+  kept (the header) and the result carries a ``notice`` saying so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,7 +61,7 @@ from pydantic import (
 from orchestrator.errors import UserError
 from orchestrator.ids import new_event_id, new_session_id
 from orchestrator.store import queries
-from orchestrator.store.events import EVENT_PAYLOADS
+from orchestrator.store.events import EVENT_PAYLOADS, IMPORTED_ENTRY_TYPES
 from orchestrator.store.jsonl import (
     CUSTOM_TYPE_PREFIX,
     JSONL_VERSION,
@@ -85,7 +96,8 @@ IMPORT_MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 IMPORT_NAME_SUFFIX: Final = "import"
 # How much of a line's problem an error message quotes.
 _REASON_CHARS: Final = 160
-_V1_ID_PREFIX: Final = "v1-"
+# Version 1 entries have no ids: each gets this many hex digits of a hash (pi's id length).
+_V1_ID_HEX_CHARS: Final = 8
 _HOOK_ROLE: Final = "hookMessage"  # the v1/v2 name of the "custom" message role
 _CUSTOM_ROLE: Final = "custom"
 _FIRST_TREE_VERSION: Final = 2
@@ -143,6 +155,7 @@ class _Image(_Lenient):
 
 class _Thinking(_Lenient):
     type: Literal["thinking"]
+    thinking: str = ""
 
 
 class _ToolCall(_Lenient):
@@ -270,6 +283,9 @@ class _Draft:
     payload: dict[str, Any]
     ts: datetime
     model: str | None = None  # "provider/model" this entry names, if any
+    # The entry as the file has it (ids as in the file; version 1 given its ids): kept as the
+    # event's ``source_entry`` when it became one of IMPORTED_ENTRY_TYPES.
+    entry: dict[str, Any] | None = None
 
 
 @dataclass
@@ -284,6 +300,7 @@ class ParsedSession:
     drafts: list[_Draft] = field(default_factory=list)
     leaf: str | None = None
     name: str | None = None
+    header: dict[str, Any] = field(default_factory=dict)  # the header line as it was
 
     @property
     def model(self) -> str | None:
@@ -401,6 +418,9 @@ def _message_event(raw: dict[str, Any]) -> tuple[str, dict[str, Any], str | None
         "model": parsed.model,
         **_extras(message, ("fenced",)),
     }
+    thoughts = [b.thinking for b in parsed.content if isinstance(b, _Thinking) and b.thinking]
+    if thoughts:
+        reply["thinking"] = "\n\n".join(thoughts)
     usage = parsed.usage
     if usage is not None:
         cost = usage.cost.total if usage.cost is not None else 0.0
@@ -511,7 +531,9 @@ def parse_session_jsonl(lines: Iterator[tuple[int, str]], *, source: str) -> Par
                         f"versions {JSONL_MIN_VERSION} to {JSONL_VERSION}"
                     )
                 last_ts = _parse_ts(header.timestamp, last_ts)
-                parsed = ParsedSession(source, header.version, header.id, last_ts, header.cwd)
+                parsed = ParsedSession(
+                    source, header.version, header.id, last_ts, header.cwd, header=raw
+                )
                 continue
             try:
                 entry = _Entry.model_validate(raw)
@@ -520,7 +542,7 @@ def parse_session_jsonl(lines: Iterator[tuple[int, str]], *, source: str) -> Par
             if entry.type == "session":
                 raise _LineError("a second session header")
             if parsed.version < _FIRST_TREE_VERSION:
-                key: str = f"{_V1_ID_PREFIX}{line_no}"
+                key: str = _v1_id(parsed.header_id or source, line_no, ids)
                 parent = previous
                 v1_entries.append(key)
             else:
@@ -546,7 +568,14 @@ def parse_session_jsonl(lines: Iterator[tuple[int, str]], *, source: str) -> Par
             except ValidationError as exc:
                 raise _LineError(f"{entry.type} entry: {_reason(exc)}") from None
             last_ts = _parse_ts(entry.timestamp, last_ts)
-            draft = _Draft(line_no, key, parent, type_, payload, last_ts, model)
+            kept = (
+                _as_entry(raw, key, parent)
+                if entry.type != "custom" and type_ in IMPORTED_ENTRY_TYPES
+                else None
+            )
+            if type_ == "custom":
+                payload["entry_id"] = key
+            draft = _Draft(line_no, key, parent, type_, payload, last_ts, model, kept)
             if entry.type == "compaction" and parsed.version < _FIRST_TREE_VERSION:
                 index = _Compaction.model_validate(raw).firstKeptEntryIndex
                 if index is not None:
@@ -565,7 +594,35 @@ def parse_session_jsonl(lines: Iterator[tuple[int, str]], *, source: str) -> Par
     for draft, index in v1_compactions:  # version 1 named the kept entry by its position
         target = v1_entries[index] if index < len(v1_entries) else None
         draft.payload["first_kept_event_id"] = target
+        if draft.entry is not None:  # as pi migrates it: the kept entry by id
+            draft.entry = {
+                ("firstKeptEntryId" if k == "firstKeptEntryIndex" else k): (
+                    target if k == "firstKeptEntryIndex" else v
+                )
+                for k, v in draft.entry.items()
+            }
     return parsed
+
+
+def _v1_id(seed: str, line_no: int, taken: set[str]) -> str:
+    """A version 1 entry's id: hex digits of a hash of the file's header id and the line, so
+    importing the same file twice gives the same ids (rehashed past one already taken)."""
+    attempt = 0
+    while True:
+        text = f"{seed}:{line_no}" if attempt == 0 else f"{seed}:{line_no}#{attempt}"
+        key = hashlib.sha256(text.encode()).hexdigest()[:_V1_ID_HEX_CHARS]
+        if key not in taken:
+            return key
+        attempt += 1
+
+
+def _as_entry(raw: dict[str, Any], key: str, parent: str | None) -> dict[str, Any]:
+    """The entry as kept: the file's fields in the file's order, ``id`` and ``parentId`` set
+    (a version 1 entry gets them right after ``type``, where pi writes them)."""
+    if "id" in raw:
+        return {**raw, "id": key, "parentId": parent}
+    rest = {k: v for k, v in raw.items() if k not in ("type", "parentId")}
+    return {"type": raw["type"], "id": key, "parentId": parent, **rest}
 
 
 def read_session_file(path: Path) -> ParsedSession:
@@ -611,6 +668,18 @@ class ImportResult:
     version: int
     events: int
     custom: int  # entries kept as custom events (no event type of their own)
+    usage_rows: int = 0  # imported calls (usage rows marked imported)
+    # The file's cwd when the session could not use it (it does not exist here).
+    original_cwd: str | None = None
+
+    @property
+    def notice(self) -> str | None:
+        if self.original_cwd is None:
+            return None
+        return (
+            f"the file's directory {self.original_cwd} does not exist here: the session works "
+            f"in {self.session.cwd} (the original stays recorded and an export writes it back)"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         s = self.session
@@ -623,6 +692,9 @@ class ImportResult:
             "version": self.version,
             "events": self.events,
             "custom": self.custom,
+            "usage_rows": self.usage_rows,
+            "original_cwd": self.original_cwd,
+            "notice": self.notice,
         }
 
 
@@ -641,6 +713,47 @@ def _clean(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return text
+
+
+_INSERT_USAGE = """
+INSERT INTO usage (event_id, session_id, root_id, provider, model, input, output, cache_read,
+                   cache_write, cost_usd, cost_known, latency_ms, ts, imported)
+SELECT unnest($1::VARCHAR[]), $2, $2, unnest($3::VARCHAR[]), unnest($4::VARCHAR[]),
+       unnest($5::BIGINT[]), unnest($6::BIGINT[]), unnest($7::BIGINT[]), unnest($8::BIGINT[]),
+       unnest($9::DOUBLE[]), unnest($10::BOOLEAN[]), 0, unnest($11::TIMESTAMP[]), true
+"""
+
+
+def _insert_usage(
+    con: duckdb.DuckDBPyConnection,
+    session_id: str,
+    drafts: list[_Draft],
+    new_ids: dict[str, str],
+) -> int:
+    """A usage row (marked imported) for each assistant message that reports usage."""
+    rows = [
+        (new_ids[d.key], d.payload["usage"], d.ts)
+        for d in drafts
+        if d.type == "assistant_message" and d.payload.get("usage")
+    ]
+    if rows:
+        con.execute(
+            _INSERT_USAGE,
+            [
+                [event_id for event_id, _, _ in rows],
+                session_id,
+                [str(u["provider"]) for _, u, _ in rows],
+                [str(u["model"]) for _, u, _ in rows],
+                [int(u["input"]) for _, u, _ in rows],
+                [int(u["output"]) for _, u, _ in rows],
+                [int(u["cache_read"]) for _, u, _ in rows],
+                [int(u["cache_write"]) for _, u, _ in rows],
+                [u["cost_usd"] for _, u, _ in rows],
+                [u["cost_usd"] is not None for _, u, _ in rows],
+                [to_db_ts(ts) for _, _, ts in rows],
+            ],
+        )
+    return len(rows)
 
 
 def _remap(payload: dict[str, Any], type_: str, new_ids: dict[str, str]) -> dict[str, Any]:
@@ -678,15 +791,18 @@ def _default_name(parsed: ParsedSession) -> str | None:
     return None
 
 
-def _cwd(parsed: ParsedSession, options: ImportOptions) -> str:
+def _cwd(parsed: ParsedSession, options: ImportOptions) -> tuple[str, str | None]:
+    """(the session's directory, the file's when it could not be used: for the notice)."""
     if options.cwd is not None:
-        return options.cwd
+        return options.cwd, None
     here = Path(parsed.cwd) if parsed.cwd else None
     try:
         usable = here is not None and here.is_absolute() and here.is_dir()
     except (OSError, ValueError):
         usable = False
-    return str(here) if usable and here is not None else options.fallback_cwd
+    if usable and here is not None:
+        return str(here), None
+    return options.fallback_cwd, parsed.cwd or None
 
 
 def _insert_sql(
@@ -694,17 +810,27 @@ def _insert_sql(
 ) -> ImportResult:
     drafts = parsed.drafts
     new_ids = {d.key: new_event_id() for d in drafts}
-    texts = [_payload_json(parsed.source, d, _remap(d.payload, d.type, new_ids)) for d in drafts]
+    texts = [
+        _payload_json(
+            parsed.source,
+            d,
+            {**_remap(d.payload, d.type, new_ids), "source_entry": d.entry}
+            if d.entry is not None
+            else _remap(d.payload, d.type, new_ids),
+        )
+        for d in drafts
+    ]
     name = _clean(options.name) if options.name else _default_name(parsed)
     if name is not None:
         taken = con.execute("SELECT count(*) FROM sessions WHERE name = $1", [name]).fetchone()
         if taken is not None and int(taken[0]) > 0:
             name = unique_name_sql(con, name, IMPORT_NAME_SUFFIX)
     session_id = new_session_id()
+    cwd, original_cwd = _cwd(parsed, options)
     record = SessionRecord(
         id=session_id,
         root_id=session_id,
-        cwd=_cwd(parsed, options),
+        cwd=cwd,
         model=options.model or parsed.model or options.default_model,
         backend=options.backend,
         name=name,
@@ -713,6 +839,10 @@ def _insert_sql(
         created_at=parsed.created_at,
     )
     stored = queries.insert_session(con, record)
+    header = _clean(json.dumps(parsed.header, ensure_ascii=False, allow_nan=False))
+    con.execute(
+        "UPDATE sessions SET imported_header = $2::JSON WHERE id = $1", [session_id, header]
+    )
     if drafts:
         con.execute(
             _INSERT_EVENTS,
@@ -726,8 +856,9 @@ def _insert_sql(
                 texts,
             ],
         )
+    usage_rows = _insert_usage(con, session_id, drafts, new_ids)
     custom = sum(1 for d in drafts if d.type == "custom")
-    return ImportResult(stored, parsed.version, len(drafts), custom)
+    return ImportResult(stored, parsed.version, len(drafts), custom, usage_rows, original_cwd)
 
 
 async def import_session_jsonl(

@@ -37,6 +37,7 @@ __all__ = [
     "select_event",
     "select_events",
     "select_family",
+    "select_imported_header",
     "select_last_event_times",
     "select_recent_events",
     "select_recorded_message_ids",
@@ -174,6 +175,9 @@ class UsageSummary:
     unknown_cost_calls: int
     latency_ms: float
     models: tuple[str, ...]
+    # Of ``calls``: rows an imported session file brought (docs/tree.md, "Faithful import"),
+    # counted in every total shown but never against a budget.
+    imported_calls: int = 0
 
     @property
     def cost_known(self) -> bool:
@@ -465,8 +469,9 @@ SELECT
     sum(u.cost_usd) FILTER (WHERE u.cost_known),
     count(u.event_id) FILTER (WHERE NOT u.cost_known),
     coalesce(sum(u.latency_ms), 0),
-    list(DISTINCT u.model) FILTER (WHERE u.model IS NOT NULL)
-FROM sessions s LEFT JOIN usage u ON u.session_id = s.id
+    list(DISTINCT u.model) FILTER (WHERE u.model IS NOT NULL),
+    count(u.event_id) FILTER (WHERE u.imported)
+FROM sessions s LEFT JOIN usage u ON u.session_id = s.id {calls}
 {where}
 GROUP BY s.id, s.root_id, s.created_at
 ORDER BY s.created_at, s.id
@@ -474,14 +479,17 @@ ORDER BY s.created_at, s.id
 
 
 def select_usage_summary(
-    con: duckdb.DuckDBPyConnection, session_ids: list[str] | None
+    con: duckdb.DuckDBPyConnection, session_ids: list[str] | None, *, imported: bool = True
 ) -> list[UsageSummary]:
-    """Per-session totals; every selected session appears, with zeros when it made no call."""
+    """Per-session totals; every selected session appears, with zeros when it made no call.
+    ``imported=False`` leaves out the calls an imported file brought (what budgets count)."""
+    calls = "" if imported else "AND NOT coalesce(u.imported, false)"
     if session_ids is None:
-        rows = con.execute(_USAGE_SUMMARY_SQL.format(where="")).fetchall()
+        rows = con.execute(_USAGE_SUMMARY_SQL.format(where="", calls=calls)).fetchall()
     else:
         where = "WHERE s.id IN (SELECT unnest($1::VARCHAR[]))"
-        rows = con.execute(_USAGE_SUMMARY_SQL.format(where=where), [session_ids]).fetchall()
+        sql = _USAGE_SUMMARY_SQL.format(where=where, calls=calls)
+        rows = con.execute(sql, [session_ids]).fetchall()
     return [
         UsageSummary(
             session_id=row[0],
@@ -495,6 +503,18 @@ def select_usage_summary(
             unknown_cost_calls=int(row[8]),
             latency_ms=float(row[9]),
             models=tuple(sorted(row[10] or ())),
+            imported_calls=int(row[11]),
         )
         for row in rows
     ]
+
+
+def select_imported_header(
+    con: duckdb.DuckDBPyConnection, session_id: str
+) -> dict[str, Any] | None:
+    """The header line of the file a session was imported from (None: not imported)."""
+    row = con.execute("SELECT imported_header FROM sessions WHERE id = $1", [session_id]).fetchone()
+    if row is None or row[0] is None:
+        return None
+    header = json.loads(row[0])
+    return header if isinstance(header, dict) else None

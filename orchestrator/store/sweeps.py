@@ -32,6 +32,7 @@ __all__ = [
     "CELL_STATES",
     "FINISHED_TRIAL_STATES",
     "SWEEP_STATES",
+    "TRIAL_COLUMNS",
     "TRIAL_ID_PREFIX",
     "UNRUNNABLE",
     "CellRow",
@@ -46,6 +47,7 @@ __all__ = [
     "select_cells",
     "select_sweep",
     "select_sweeps",
+    "select_trials",
     "start_trial",
     "trial_session",
 ]
@@ -128,6 +130,28 @@ _SWEEP_COLUMNS: Final = "name, spec, digest, state, runner_pid, created_at, upda
 _CELL_FIELDS: Final = tuple(CellRow.__dataclass_fields__)
 _CELL_COLUMNS: Final = ", ".join(_CELL_FIELDS)
 _CELL_KEYS: Final = ("fingerprint", "suite", "task_id", "model", "variant", "seed")
+# Every column of sweep_trials, in the table's order (a shard's export carries them all).
+TRIAL_COLUMNS: Final = (
+    "id",
+    "sweep",
+    "fingerprint",
+    "session_id",
+    "state",
+    "score",
+    "answer",
+    "tokens_input",
+    "tokens_output",
+    "cost_usd",
+    "cost_known",
+    "wall_s",
+    "stop_reason",
+    "error_class",
+    "error",
+    "truncated",
+    "started_at",
+    "finished_at",
+)
+_TRIAL_TIMES: Final = ("started_at", "finished_at")
 
 
 def _sweep(values: Sequence[Any]) -> SweepRow:
@@ -182,6 +206,25 @@ def select_cells(
         sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
     rows = con.execute(sql, args).fetchall()
     return [_cell(values) for values in rows]
+
+
+def select_trials(
+    con: duckdb.DuckDBPyConnection, name: str, fingerprints: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Every trial of the given cells, oldest first, as wire data (times in ISO 8601)."""
+    rows = con.execute(
+        f"SELECT {', '.join(TRIAL_COLUMNS)} FROM sweep_trials "
+        "WHERE sweep = $1 AND list_contains($2, fingerprint) ORDER BY started_at, id",
+        [name, list(fingerprints)],
+    ).fetchall()
+    trials: list[dict[str, Any]] = []
+    for values in rows:
+        trial = dict(zip(TRIAL_COLUMNS, values, strict=True))
+        for key in _TRIAL_TIMES:
+            if trial[key] is not None:
+                trial[key] = from_db_ts(trial[key]).isoformat()
+        trials.append(trial)
+    return trials
 
 
 def open_sweep(

@@ -54,6 +54,7 @@ from orchestrator.testing.script import (
     ScriptRuntimeError,
     Step,
     TextPart,
+    ThinkPart,
     fenced_json_call,
     fenced_python,
     parse_script,
@@ -142,6 +143,7 @@ class _Reply:
     tool_calls: tuple[_ToolCall, ...]
     finish_reason: str
     usage: dict[str, Any]
+    reasoning: str | None = None  # ``think:`` parts, as ``reasoning_content``
 
 
 def _estimate_tokens(text: str) -> int:
@@ -170,9 +172,13 @@ def _render(step: Step, request_no: int, body: dict[str, Any]) -> _Reply:
     native = _uses_native_tools(body)
     calls: list[_ToolCall] = []
     segments: list[str] = []
+    thoughts: list[str] = []
     for part in step.parts:
         if isinstance(part, TextPart):
             segments.append(part.text)
+            continue
+        if isinstance(part, ThinkPart):
+            thoughts.append(part.text)
             continue
         if isinstance(part, CodePart):
             name, arguments = IPYTHON_TOOL_NAME, json.dumps({"code": part.code})
@@ -186,6 +192,7 @@ def _render(step: Step, request_no: int, body: dict[str, Any]) -> _Reply:
         else:
             segments.append(fenced_json_call(name, arguments))
     content: str | None = "\n\n".join(segments)
+    reasoning = "\n\n".join(thoughts) or None
     if not segments and calls:
         content = None  # OpenAI sends null content with tool calls and no prose
     finish = step.finish_reason or ("tool_calls" if calls else "stop")
@@ -203,11 +210,13 @@ def _render(step: Step, request_no: int, body: dict[str, Any]) -> _Reply:
     }
     if usage and usage.cache_read_tokens is not None:
         usage_obj["prompt_tokens_details"] = {"cached_tokens": usage.cache_read_tokens}
-    return _Reply(content, tuple(calls), finish, usage_obj)
+    return _Reply(content, tuple(calls), finish, usage_obj, reasoning)
 
 
 def _completion_json(reply: _Reply, completion_id: str, model: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content, "refusal": None}
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = [
             {
@@ -238,8 +247,9 @@ def _pieces(text: str, size: int) -> Iterator[str]:
 def _stream_deltas(reply: _Reply) -> list[dict[str, Any]]:
     """The deltas after the role delta: text pieces, then each tool call's name and fragments."""
     deltas: list[dict[str, Any]] = [
-        {"content": piece} for piece in _pieces(reply.content or "", TEXT_DELTA_CHARS)
+        {"reasoning_content": piece} for piece in _pieces(reply.reasoning or "", TEXT_DELTA_CHARS)
     ]
+    deltas += [{"content": piece} for piece in _pieces(reply.content or "", TEXT_DELTA_CHARS)]
     for index, call in enumerate(reply.tool_calls):
         deltas.append(
             {

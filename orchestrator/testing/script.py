@@ -128,6 +128,14 @@ class TextPart:
 
 
 @dataclass(frozen=True)
+class ThinkPart:
+    """The model's reasoning before its reply (``think:``): streamed as ``reasoning_content``
+    deltas ahead of the content, and in the message's ``reasoning_content`` when not streamed."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class CodePart:
     """One ``ipython`` call: a native tool call, or a fenced python block when tools are absent."""
 
@@ -142,7 +150,7 @@ class CallPart:
     arguments: str
 
 
-Part = TextPart | CodePart | CallPart
+Part = TextPart | CodePart | CallPart | ThinkPart
 
 
 @dataclass(frozen=True)
@@ -621,12 +629,19 @@ class _StepBuilder:
     def _one(self, d: _Directive) -> None:
         kw = d.keyword
         args = d.rest.strip()
-        if kw in ("text", "code"):
+        if kw in ("text", "code", "think"):
             head, inline = _split_colon(d, kw)
             if head:
                 raise ScriptError(d.line, f"expected `{kw}:` followed by the content")
             content = _content(d, inline)
-            self.parts.append(TextPart(content) if kw == "text" else CodePart(content))
+            part: Part = (
+                TextPart(content)
+                if kw == "text"
+                else CodePart(content)
+                if kw == "code"
+                else ThinkPart(content)
+            )
+            self.parts.append(part)
         elif kw == "call":
             name, inline = _split_colon(d, kw)
             if not _NAME_RE.match(name):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
 
-from orchestrator.cli.acp_updates import META_NAMESPACE
+from orchestrator.cli.acp_updates import GATE_NOT_RERUN, META_NAMESPACE
 from orchestrator.testing import FakeModelServer
 from tests.helpers import model_behind_a_daemon
 
@@ -33,6 +33,7 @@ repeat forever:
         code:
             print(6 * 7)
     when "42":
+        think: The cell printed it.
         text: The answer is 42.
     when "slowly":
         slow 60
@@ -76,10 +77,12 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeModelServer]:
 
 
 @asynccontextmanager
-async def _agent(model: FakeModelServer, cwd: Path) -> AsyncIterator[tuple[Any, _Recorder]]:
+async def _agent(
+    model: FakeModelServer, cwd: Path, *extra: str
+) -> AsyncIterator[tuple[Any, _Recorder]]:
     recorder = _Recorder()
     args = ["-m", "orchestrator", "--mode", "acp", "--model", "openai/fake"]
-    args += ["--api-base", model.url]
+    args += ["--api-base", model.url, *extra]
     async with spawn_agent_process(
         lambda _agent: recorder, sys.executable, *args, env=dict(os.environ), cwd=cwd
     ) as (conn, _process):
@@ -123,6 +126,14 @@ async def test_a_turn_streams_its_cell_and_answer_and_ends_with_the_lifecycle(
         u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_message_chunk"
     ]
     assert "".join(said) == "The answer is 42."
+    # Its reasoning came first, as thought chunks, also once.
+    thought = [
+        u["content"]["text"] for u in seen.updates if u["sessionUpdate"] == "agent_thought_chunk"
+    ]
+    assert "".join(thought) == "The cell printed it."
+    assert kinds.index("agent_thought_chunk") < len(kinds) - kinds[::-1].index(
+        "agent_message_chunk"
+    )
     assert "".join(
         u["content"]["text"] for u in tail if u["sessionUpdate"] == "agent_message_chunk"
     ) == ("The answer is 42.")
@@ -188,3 +199,38 @@ async def test_cancel_stops_the_running_turn(model: FakeModelServer, tmp_path: P
             again = await conn.prompt(session_id=session.session_id, prompt=[text_block("hello")])
         assert again.stop_reason == "end_turn"
         await conn.close_session(session_id=session.session_id)
+
+
+AUTONOMOUS_TURNS = 3
+
+
+async def test_an_autonomous_turn_reports_its_gates_and_counters_in_meta(
+    model: FakeModelServer, tmp_path: Path
+) -> None:
+    """--autonomous with a gate the agent never satisfies: the turn ends at the turn limit
+    (max_turn_requests, as Prime Agent says it, though a gate was still failing), and the
+    completion and terminal updates carry Prime Agent's ``autonomous`` object: the counters,
+    the gate's attempts and how it last failed."""
+    gate = ["--autonomous-gate", "test -f never.txt"]
+    limits = ["--autonomous-max-turns", str(AUTONOMOUS_TURNS)]
+    async with _agent(model, tmp_path, "--autonomous", *gate, *limits) as (conn, seen):
+        await conn.initialize(protocol_version=PROTOCOL_VERSION)
+        session = await conn.new_session(cwd=str(tmp_path))
+        async with asyncio.timeout(TURN_TIMEOUT_S):
+            answer = await conn.prompt(
+                session_id=session.session_id, prompt=[text_block("keep going")]
+            )
+        assert answer.stop_reason == "max_turn_requests"
+        await seen.until(
+            lambda ups: any(_ours(u).get("phase") == "terminalQuiescence" for u in ups)
+        )
+    closing = [_ours(u) for u in seen.updates if "quiescence" in _ours(u)]
+    assert len(closing) == 2  # the completion update and the terminal one
+    for ours in closing:
+        auto = ours["autonomous"]
+        assert auto["enabled"] is True and auto["turnsUsed"] == AUTONOMOUS_TURNS
+        assert auto["continuationsUsed"] == AUTONOMOUS_TURNS - 1 and auto["tokensUsed"] > 0
+        # The gate failed at every turn (or was not run again on an unchanged workspace).
+        assert auto["gateAttempt"] == AUTONOMOUS_TURNS
+        assert auto["gateFailure"] in ("exited 1", GATE_NOT_RERUN)
+        assert ours["quiescence"]["remainingAutonomousContinuations"] == 0

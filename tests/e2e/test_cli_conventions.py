@@ -76,9 +76,17 @@ def test_max_turns_and_the_system_prompt_flags_reach_the_session(
 ) -> None:
     appended = tmp_path / "extra.md"
     appended.write_text("Always answer in French.\n")
+    # --skill: one skill by its SKILL.md, and a directory of skills.
+    doubler, shelf = tmp_path / "doubler", tmp_path / "shelf"
+    for folder, name in ((doubler, "doubler"), (shelf / "tripler", "tripler")):
+        folder.mkdir(parents=True)
+        (folder / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: The {name} test skill.\n---\nUse it.\n"
+        )
     args = ["-p", "loop forever", "--model", "openai/fake", "--api-base", looper.url]
     args += ["--max-turns", "3", "--system-prompt", "You are a careful tester."]
     args += ["--append-system-prompt", str(appended)]
+    args += ["--skill", str(doubler / "SKILL.md"), "--skill", str(shelf)]
     if path == "in-process":
         args.append("--no-daemon")
     ran = cli(args)
@@ -91,6 +99,8 @@ def test_max_turns_and_the_system_prompt_flags_reach_the_session(
     assert system["content"].startswith("You are a careful tester.")
     assert system["content"].rstrip().endswith("Always answer in French.")
     assert BASE_PROMPT_OPENING not in system["content"]
+    for name in ("doubler", "tripler"):
+        assert f"The {name} test skill." in system["content"], name
 
 
 def test_an_empty_system_prompt_is_one_line() -> None:
@@ -103,4 +113,7 @@ def test_the_protocol_only_flags_are_refused_in_a_plain_run_not_ignored() -> Non
     refused = cli(["-p", "hi", "--provider", "local", "--model", "qwen"])
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1
-    assert "--provider, --daemon-socket and --skill are for --mode acp" in refused.stderr
+    assert "--provider and --daemon-socket are for --mode acp" in refused.stderr
+    missing = cli(["-p", "hi", "--skill", "/nonexistent/skill", "--model", "openai/x"])
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "--skill /nonexistent/skill: not a skill" in missing.stderr

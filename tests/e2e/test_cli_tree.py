@@ -106,6 +106,8 @@ def test_tree_commands_without_and_with_a_daemon(model: FakeModelServer, tmp_pat
     assert len(sessions()) == before  # nothing imported
 
     fixture = ok(["import", str(FIXTURES / "v3_tree.jsonl"), "--model", "openai/fake"]).strip()
+    # The file's four calls: in `usage`, marked imported (no budget counts them).
+    assert "4 imported calls" in ok(["usage", fixture])
     rows = sessions()
     assert rows[fixture].status == "inactive" and rows[fixture].model == "openai/fake"
     assert rows[forked].forked_from == sid and rows[cloned].name == "remember 7 (clone)"
@@ -132,7 +134,11 @@ def test_tree_commands_without_and_with_a_daemon(model: FakeModelServer, tmp_pat
     assert ok(["-p", "what number", "--resume", via]) == "it was 7\n"
     last = "\n".join(json.dumps(m) for m in model.requests[-1]["messages"])
     assert "remember 7" not in last and "noted 7" not in last and "the answer was 84" in last
-    v2 = ok(["import", str(FIXTURES / "v2_tree.jsonl"), "--name", "plans"]).strip()
+    imported_v2 = cli(["import", str(FIXTURES / "v2_tree.jsonl"), "--name", "plans"])
+    assert imported_v2.returncode == 0, imported_v2.stderr
+    v2 = imported_v2.stdout.strip()
+    # Its directory is not here: said once, and kept for the export.
+    assert imported_v2.stderr.count("prime-agent: notice: the file's directory ") == 1
     assert ok(["branch", "plans", "4"]).startswith(f"{v2}: the leaf is now event 4")
     assert daemon_pids() == [pid]
     stopped = cli(["daemon", "stop"])

@@ -24,6 +24,7 @@ repeat forever:
     when "compute":
         code: print(6 * 7)
     when "42":
+        think: The cell printed 42.
         text: The answer is 42.
     when "slowly":
         slow 60
@@ -96,6 +97,22 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
         assert (answer["id"], answer["success"]) == ("req-1", True)
         end = await rpc.read_until(lambda x: x["type"] == "agent_end")
         events = [x["type"] for x in rpc.lines if x["type"] != "response"]
+        # The answer streamed as it was written: its thinking block, then its text block.
+        updates = [x["assistantMessageEvent"] for x in rpc.lines if x["type"] == "message_update"]
+        kinds = [u["type"] for u in updates]
+        ends = kinds.index("thinking_end")
+        assert kinds[0] == "thinking_start" and set(kinds[1:ends]) == {"thinking_delta"}
+        assert kinds[ends + 1] == "text_start" and kinds[-1] == "text_end"
+        assert set(kinds[ends + 2 : -1]) == {"text_delta"}
+        thought = "".join(u["delta"] for u in updates if u["type"] == "thinking_delta")
+        streamed = "".join(u["delta"] for u in updates if u["type"] == "text_delta")
+        assert thought == updates[ends]["content"] == "The cell printed 42."
+        assert streamed == updates[-1]["content"] == "The answer is 42."
+        assert updates[-1]["partial"]["content"] == [
+            {"type": "thinking", "thinking": thought},
+            {"type": "text", "text": streamed},
+        ]
+        events = [e for i, e in enumerate(events) if e != "message_update" or events[i - 1] != e]
         assert events == [
             "agent_start",
             "turn_start",
@@ -106,7 +123,7 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
             "tool_execution_end",
             "turn_end",
             "turn_start",
-            "message_start", "message_end",  # the answer
+            "message_start", "message_update", "message_end",  # the answer, streamed
             "turn_end",
             "agent_end",
         ]  # fmt: skip
@@ -124,6 +141,8 @@ async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_p
         assert text["data"] == {"text": "The answer is 42."}
         messages = (await rpc.call({"type": "get_messages"}))["data"]["messages"]
         assert [m["role"] for m in messages] == ["user", "assistant", "toolResult", "assistant"]
+        # The stored reply kept its thinking.
+        assert messages[-1]["content"][0] == {"type": "thinking", "thinking": thought}
         stats = (await rpc.call({"type": "get_session_stats"}))["data"]
         assert (stats["assistantMessages"], stats["toolCalls"], stats["toolResults"]) == (2, 1, 1)
         assert stats["tokens"]["total"] > 0

@@ -46,6 +46,7 @@ TOOLS: Final = [
     }
 ]
 REPLY_SCRIPT: Final = (
+    "think: Six sevens are forty-two; check it in code.\n"
     "text: Let me compute that for you, step by step.\ncode: print(6 * 7)\nusage in=120 out=30"
 )
 SLOW_SCRIPT: Final = f"repeat forever:\n    chunk-delay {SLOW_CHUNK_S}\n    text: {'word ' * 40}"
@@ -69,15 +70,19 @@ def _client(srv: FakeModelServer, pool: CallWorkers | None) -> ModelClient:
     return client
 
 
-def _seen(reply: ModelReply, deltas: list[str]) -> dict[str, Any]:
+def _seen(reply: ModelReply, deltas: list[tuple[str, str]]) -> dict[str, Any]:
     usage = reply.usage.model_dump()
     usage.pop("latency_ms")
     return {
         "text": reply.text,
+        "thinking": reply.thinking,
         "calls": [(c.name, c.arguments) for c in reply.tool_calls],
         "finish": reply.finish_reason,
         "usage": usage,
-        "streamed": "".join(deltas),
+        "streamed": "".join(text for kind, text in deltas if kind == "text"),
+        "thought": "".join(text for kind, text in deltas if kind == "thinking"),
+        # the kinds in the order they came, each run once: thinking before text
+        "order": [kind for i, (kind, _) in enumerate(deltas) if i == 0 or deltas[i - 1][0] != kind],
     }
 
 
@@ -87,15 +92,23 @@ async def test_a_reply_read_by_a_worker_is_the_reply_read_in_the_loop() -> None:
         seen = []
         for workers in (None, pool):
             with FakeModelServer(REPLY_SCRIPT) as srv:
-                deltas: list[str] = []
+                deltas: list[tuple[str, str]] = []
                 reply = await _client(srv, workers).complete(
-                    MESSAGES, tools=TOOLS, on_delta=deltas.append
+                    MESSAGES,
+                    tools=TOOLS,
+                    on_delta=lambda text, kind, into=deltas: into.append((kind, text)),
                 )
                 seen.append(_seen(reply, deltas))
         in_loop, in_worker = seen
         assert in_worker == in_loop
         assert in_worker["usage"]["cost_usd"] is not None  # priced from the map, in the daemon
         assert in_worker["streamed"] == in_worker["text"] != ""
+        assert (
+            in_worker["thought"]
+            == in_worker["thinking"]
+            == ("Six sevens are forty-two; check it in code.")
+        )
+        assert in_worker["order"] == ["thinking", "text"]
         assert len(pool.pids()) == 1
     finally:
         await pool.close()
@@ -115,7 +128,7 @@ async def test_a_worker_killed_mid_stream_costs_one_retried_attempt() -> None:
         async def on_retry(info: RetryInfo) -> None:
             retries.append(info)
 
-        def on_delta(_text: str) -> None:
+        def on_delta(_text: str, _kind: str) -> None:
             streaming.set()
 
         with FakeModelServer(SLOW_SCRIPT) as srv:
@@ -142,7 +155,7 @@ async def test_a_cancelled_call_leaves_the_worker_serving() -> None:
         with FakeModelServer(SLOW_SCRIPT) as srv:
             client = _client(srv, pool)
             call = asyncio.create_task(
-                client.complete(MESSAGES, on_delta=lambda _t: streaming.set())
+                client.complete(MESSAGES, on_delta=lambda _t, _k: streaming.set())
             )
             await asyncio.wait_for(streaming.wait(), WAIT_S)
             (pid,) = pool.pids()

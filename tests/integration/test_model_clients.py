@@ -103,6 +103,7 @@ async def _call(
             assert usage.pop("latency_ms") > 0
             result = {
                 "text": reply.text,
+                "thinking": reply.thinking,
                 "calls": [(c.id, c.name, c.arguments) for c in reply.tool_calls],
                 "finish": reply.finish_reason,
                 "usage": usage,
@@ -114,6 +115,7 @@ async def _call(
 CASES: Final = {
     "text": "text: hello there\nusage in=120 out=30",
     "tool call": "code: print(6 * 7)",
+    "thinking": "think: First the product, then say it.\ntext: 42\nusage in=50 out=20",
     "cached tokens": "text: cached\nusage in=1000 out=10 cache_read=400",
     "429 then text": "429 retry-after=0.2\n---\ntext: fine",
     "429 too long": "429 retry-after=3600",
@@ -156,6 +158,9 @@ async def test_the_expected_outcomes() -> None:
         assert (await _call(CASES[case], "auto")).result["error_class"] == error_class, case
     assert (await _call(CASES["401"], "auto")).result["error"] == "MissingCredentials"
     assert (await _call(CASES["404"], "auto")).result["error"] == "ModelNotFound"
+    thought = await _call(CASES["thinking"], "auto")
+    assert thought.result["thinking"] == "First the product, then say it."
+    assert thought.result["text"] == "42"
     call = await _call(CASES["tool call"], "auto")
     assert call.result["calls"][0][1] == "ipython"
     assert json.loads(call.result["calls"][0][2]) == {"code": "print(6 * 7)"}

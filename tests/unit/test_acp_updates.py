@@ -10,7 +10,9 @@ import pytest
 
 from orchestrator.cli.acp_updates import (
     CELL_TITLE_MAX_CHARS,
+    GATE_NOT_RERUN,
     META_NAMESPACE,
+    GateTally,
     cell_content,
     cell_title,
     updates_for_event,
@@ -83,6 +85,19 @@ def test_a_cell_and_its_result_become_a_tool_call_and_its_update() -> None:
     assert info["_meta"][META_NAMESPACE]["compaction"] == {"tokensBefore": 9, "summary": "s"}
 
 
+def test_a_replys_thinking_is_a_thought_chunk_before_what_it_said() -> None:
+    message = {
+        "type": "assistant_message",
+        "payload": {"text": "42.", "thinking": "Six sevens.", "tool_calls": []},
+    }
+    thought, said = updates_for_event(message, {})
+    assert thought == {
+        "sessionUpdate": "agent_thought_chunk",
+        "content": {"type": "text", "text": "Six sevens."},
+    }
+    assert said["sessionUpdate"] == "agent_message_chunk"
+
+
 def test_a_provider_of_models_json_is_an_openai_compatible_endpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,3 +130,24 @@ def test_a_provider_of_models_json_is_an_openai_compatible_endpoint(
         resolve_provider_model("odd", "m")
     with pytest.raises(UserError, match="providers: local, odd"):
         resolve_provider_model("nobody", "m")
+
+
+def test_the_autonomous_meta_counts_gate_attempts_as_prime_agent_does() -> None:
+    tally = GateTally()
+    state = {"turns": 3, "tokens": 900, "continuations": 2}
+    assert tally.meta(state) == {
+        "enabled": True,
+        "continuationsUsed": 2,
+        "turnsUsed": 3,
+        "tokensUsed": 900,
+    }
+    tally.record({"command": "pytest", "passed": False, "exit_code": 1, "attempt": 1})
+    assert (tally.meta(state)["gateAttempt"], tally.meta(state)["gateFailure"]) == (1, "exited 1")
+    tally.record({"command": "pytest", "passed": False, "skipped": True, "attempt": 2})
+    assert tally.meta(state)["gateFailure"] == GATE_NOT_RERUN
+    tally.record({"command": "lint", "passed": False, "timed_out": True, "attempt": 1})
+    assert (tally.meta(state)["gateAttempt"], tally.meta(state)["gateFailure"]) == (2, "timed out")
+    # A pass resets that gate's attempts and clears its failure.
+    tally.record({"command": "lint", "passed": True, "attempt": 2})
+    tally.record({"command": "pytest", "passed": True, "attempt": 3})
+    assert "gateAttempt" not in tally.meta(state) and "gateFailure" not in tally.meta(state)

@@ -420,7 +420,9 @@ def test_outbox_overflow_becomes_resync_then_disconnect() -> None:
 def test_stream_capability_is_opt_in() -> None:
     assert wire.CAP_STREAM in wire.SERVER_CAPABILITIES
     assert wire.CAP_STREAM not in wire.CLIENT_CAPABILITIES
-    assert {"text_delta", "tool_start", "compaction_start"} == wire.STREAM_EVENT_TYPES
+    assert {"text_delta", "thinking_delta", "tool_start", "compaction_start"} == (
+        wire.STREAM_EVENT_TYPES
+    )
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ from orchestrator.testing.script import (
     ScriptExhausted,
     Step,
     TextPart,
+    ThinkPart,
     Usage,
     parse_script,
 )
@@ -870,3 +871,23 @@ def test_subprocess_bad_script_exits_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stdout == ""
     assert "line 3" in done.stderr and "unknown directive" in done.stderr
+
+
+def test_think_is_reasoning_content_ahead_of_the_reply() -> None:
+    assert only_step("think: Hmm.\ntext: Yes.").parts == (ThinkPart("Hmm."), TextPart("Yes."))
+    with FakeModelServer(
+        "think: Weigh it first.\ntext: Yes.\n---\nthink: Again.\ntext: No."
+    ) as srv:
+        whole = post(srv.url, {"model": "m", "messages": USER}).json()
+        message = whole["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == ("Weigh it first.", "Yes.")
+        streamed = sse_events(post(srv.url, {"model": "m", "messages": USER, "stream": True}).text)
+        deltas = [
+            c["choices"][0]["delta"] for c in streamed if isinstance(c, dict) and c["choices"]
+        ]
+        thought = "".join(d.get("reasoning_content", "") for d in deltas)
+        said = "".join(d.get("content") or "" for d in deltas)
+        assert (thought, said) == ("Again.", "No.")
+        first_text = next(i for i, d in enumerate(deltas) if d.get("content"))
+        assert all("content" not in d or not d["content"] for d in deltas[:first_text])
+        assert "reasoning_content" in deltas[first_text - 1]

@@ -82,6 +82,9 @@ def shape(events: list[EventRecord], leaf: str | None) -> list[Any]:
     out: list[Any] = []
     for e in events:
         payload = dict(e.payload)
+        # The file's entry an imported event keeps: checked by the fidelity tests below.
+        payload.pop("source_entry", None)
+        payload.pop("entry_id", None)
         if e.type == "branch_summary":
             payload["from_event_id"] = pos(payload["from_event_id"])
         if e.type == "compaction":
@@ -159,6 +162,7 @@ async def test_version_3_keeps_the_tree_and_every_entry(store: Store) -> None:
     assert by_seq[6].payload == {
         "entry_type": "label",
         "fields": {"targetId": by_seq[3].id, "label": "computed"},
+        "entry_id": "a0000006",
     }
     compaction = by_seq[14].payload
     assert compaction["first_kept_event_id"] == by_seq[12].id
@@ -169,10 +173,19 @@ async def test_version_3_keeps_the_tree_and_every_entry(store: Store) -> None:
         "previous": None,
         "api_base": None,
         "previous_api_base": None,
+        "source_entry": {
+            "type": "model_change",
+            "id": "a000000a",
+            "parentId": "a0000009",
+            "timestamp": "2025-03-01T10:01:01.000Z",
+            "provider": "anthropic",
+            "modelId": "claude-sonnet-4-5",
+        },
     }
     assert by_seq[17].payload == {
         "entry_type": "future_entry_kind",
         "fields": {"whatever": {"nested": [1, 2, 3]}},
+        "entry_id": "a0000011",
     }
     call = by_seq[3].payload
     assert call["text"] == "Let me compute." and call["stop_reason"] == "tool_calls"
@@ -192,9 +205,11 @@ async def test_version_3_keeps_the_tree_and_every_entry(store: Store) -> None:
         "126.",
         "Thanks!\n[image omitted: image/png]",
     ]
-    # Usage rows count calls made here; imported history made none.
+    # The file's calls are usage rows marked imported: in the totals, out of every budget.
     (usage,) = await store.usage_summary([rec.id])
-    assert usage.calls == 0
+    assert (usage.calls, usage.imported_calls) == (4, 4)
+    (budgeted,) = await store.usage_summary([rec.id], imported=False)
+    assert budgeted.calls == 0
 
 
 async def test_version_2_renames_hook_messages_and_keeps_branches(store: Store) -> None:
@@ -335,8 +350,12 @@ async def test_our_own_sessions_round_trip(store: Store) -> None:
     events = await store.events(copy)
     assert len(events) == 10  # the marker is not history
     assert events[2].type == "usage" and events[2].payload["latency_ms"] == 12.5
+    # The copy's one assistant message with usage is an imported call: shown, never budgeted.
     (copied_usage,) = await store.usage_summary([copy])
-    assert copied_usage.calls == 0
+    assert (copied_usage.calls, copied_usage.imported_calls) == (1, 1)
+    assert (copied_usage.input, copied_usage.output, copied_usage.cost_usd) == (9, 3, 0.002)
+    (budgeted,) = await store.usage_summary([copy], imported=False)
+    assert (budgeted.calls, budgeted.input) == (0, 0)
 
 
 # -- malformed files -------------------------------------------------------------------------

@@ -140,6 +140,8 @@ def test_the_protocols_copies_of_the_lower_rules_are_equal() -> None:
     # The lean -p client sends it when config.toml sets no family_wait_timeout_s.
     assert wire.WAIT_QUIET_DEFAULT_S == settings.FAMILY_WAIT_TIMEOUT_S
     assert protocol.MAX_PROMPT_CHARS == session_specs.MAX_PROMPT_CHARS
+    assert protocol.MAX_SKILL_PATHS == session_specs.MAX_SKILL_PATHS
+    assert protocol.MAX_SKILL_PATH_CHARS == session_specs.MAX_SKILL_PATH_CHARS
 
 
 def test_the_flags_choices_are_stored_and_the_system_prompts_stay_with_the_root() -> None:
