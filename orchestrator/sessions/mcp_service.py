@@ -22,20 +22,23 @@ from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import McpError
 from orchestrator.mcp.hub import McpHub
 from orchestrator.mcp.server import McpServer
-from orchestrator.runtime.wire import MCP_CALL_TIMEOUT_MAX_S
+from orchestrator.runtime.wire import MAX_REQUEST_BYTES, MCP_CALL_TIMEOUT_MAX_S
 from orchestrator.sessions.budget import BudgetTree
 from orchestrator.sessions.live import LiveSession
 from orchestrator.settings import Settings
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import McpCallPayload
 
-__all__ = ["MCP_EVENT_ARGUMENTS_CHARS", "McpHost", "McpService"]
+__all__ = ["MCP_EVENT_ARGUMENTS_CHARS", "MCP_RESULT_MAX_BYTES", "McpHost", "McpService"]
 
 MCP_EVENT_ARGUMENTS_CHARS: Final = 2000
 ERROR_TEXT_CHARS: Final = 2000
 CALL_ID_MAX_CHARS: Final = 64
 NAME_MAX_CHARS: Final = 256
 URI_MAX_CHARS: Final = 4096
+# The largest answer sent to the kernel (JSON): as large as a request may be, well under the
+# bus's message limit.
+MCP_RESULT_MAX_BYTES: Final = MAX_REQUEST_BYTES
 CELL_MARGIN_S: Final = 1.0  # a call ends this long before its cell's timeout
 MIN_TIMEOUT_S: Final = 0.1
 
@@ -277,6 +280,14 @@ class McpService:
             text = _text_of(result)
             await finish("error", text)
             raise HostRequestError("mcp_tool_error", f"{a.server}.{name}: {text}")
+        size = len(json.dumps(result, ensure_ascii=False).encode())
+        if size > MCP_RESULT_MAX_BYTES:
+            text = (
+                f"{a.server}.{name} answered {size} bytes, more than the {MCP_RESULT_MAX_BYTES} "
+                "a reply to the kernel carries; ask it for less (a page, a range, a filter)"
+            )
+            await finish("error", text)
+            raise HostRequestError("mcp_tool_error", text)
         await finish("ok")
         return result
 

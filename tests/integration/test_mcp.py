@@ -132,6 +132,10 @@ CALLS: Final = """
             await mcp.tools.fail(message="boom")
         except mcp.ToolError as exc:
             print("tool error:", exc.code, exc)
+        try:
+            await mcp.tools.big(size=2_000_000)
+        except mcp.ToolError as exc:
+            print("too big:", exc)
     ---
     text: done
 """
@@ -154,6 +158,7 @@ async def test_tool_calls_resources_prompts_and_errors_through_a_stdio_server() 
     assert "add(*, a: int, b: int)" in second  # help() lists the tools with their arguments
     assert "refused: mcp.tools.add() is missing required arguments: b" in second
     assert "tool error: mcp_tool_error tools.fail: Error executing tool fail: boom" in second
+    assert "too big: tools.big answered 4000092 bytes, more than the 1048576 a reply" in second
     # the prompt lists the server and one line per tool
     assert "# MCP servers" in prompt
     assert "- mcp.tools\n" in prompt and "  - greet(name, punctuation=…): Greet someone" in prompt
@@ -166,9 +171,10 @@ async def test_tool_calls_resources_prompts_and_errors_through_a_stdio_server() 
         ("prompt", "review", "ok"),
         ("tool", "env_value", "ok"),
         ("tool", "fail", "error"),
+        ("tool", "big", "error"),
     ]
     assert json.loads(calls[0]["arguments"]) == {"a": 2, "b": 3}
-    assert "boom" in calls[-1]["error"]
+    assert "boom" in calls[-2]["error"]
 
 
 CRASH: Final = """
