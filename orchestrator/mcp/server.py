@@ -8,6 +8,9 @@ a ping fails, a call finds the connection closed) the runner starts it again aft
 has held for ``RESTART_RESET_AFTER_S``. Meanwhile a call is refused at once with
 ``McpError("mcp_unavailable")`` and its ``retry_after``.
 
+A server that says its tools, resources or prompts changed (a ``list_changed`` notification)
+has them read again; the kernel sees them at its next look at the catalog.
+
 The child's environment is the SDK's short safe list plus the server's own ``env``: the
 orchestrator's provider keys do not leak into a server that was not given them.
 """
@@ -58,6 +61,11 @@ ERROR_TEXT_MAX_CHARS: Final = 2000
 STOP_TIMEOUT_S: Final = 10.0
 
 ServerState = Literal["starting", "ready", "down", "stopped"]
+_LIST_CHANGED = (
+    types.ToolListChangedNotification,
+    types.ResourceListChangedNotification,
+    types.PromptListChangedNotification,
+)
 _T = TypeVar("_T")
 
 
@@ -88,6 +96,9 @@ class McpServer:
         self._broken = asyncio.Event()  # a call saw the connection close
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()  # set with _broken or _stopping: the watch looks again
+        self._stale = False  # the server said its tools (resources, prompts) changed
+        self._offers = types.ServerCapabilities()
+        self.catalog_changes = 0  # catalogs read again after a list_changed notification
         self._retry_at: float | None = None
         self._runner: asyncio.Task[None] | None = None
 
@@ -145,7 +156,9 @@ class McpServer:
                 read, write, _ = await stack.enter_async_context(
                     streamable_http_client(str(config.url), http_client=http)
                 )
-            yield await stack.enter_async_context(ClientSession(read, write))
+            yield await stack.enter_async_context(
+                ClientSession(read, write, message_handler=self._on_message)
+            )
 
     async def _run(self) -> None:
         failures = 0
@@ -193,8 +206,11 @@ class McpServer:
                 self.state = "starting"
 
     async def _open(self, session: ClientSession) -> None:
-        init = await session.initialize()
-        offers = init.capabilities
+        self._offers = (await session.initialize()).capabilities
+        await self._list(session)
+
+    async def _list(self, session: ClientSession) -> None:
+        offers = self._offers
         tools = await _pages(session.list_tools, lambda r: r.tools) if offers.tools else []
         resources = (
             await _pages(session.list_resources, lambda r: r.resources) if offers.resources else []
@@ -202,8 +218,18 @@ class McpServer:
         prompts = await _pages(session.list_prompts, lambda r: r.prompts) if offers.prompts else []
         self.catalog = catalog_json(tools, resources, prompts)
 
+    async def _on_message(self, message: Any) -> None:
+        """The server's own messages: a changed list of tools, resources or prompts is read
+        again by the watch (not here: this runs in the session's receive loop, which a
+        request's answer must pass through)."""
+        root = getattr(message, "root", None)
+        if isinstance(root, _LIST_CHANGED):
+            self._stale = True
+            self._wake.set()
+
     async def _watch(self, session: ClientSession) -> None:
-        """Until a stop, a call that saw the connection close, or a failed ping."""
+        """Until a stop, a call that saw the connection close, or a failed ping; reads the
+        catalog again when the server says it changed."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PING_INTERVAL_S):
@@ -212,6 +238,13 @@ class McpServer:
                 raise ConnectionError("the connection closed during a call")
             if self._stopping.is_set():
                 return
+            if self._stale:
+                self._stale = False
+                self._wake.clear()
+                async with asyncio.timeout(START_TIMEOUT_S):
+                    await self._list(session)
+                self.catalog_changes += 1
+                continue
             async with asyncio.timeout(PING_TIMEOUT_S):
                 await session.send_ping()
 

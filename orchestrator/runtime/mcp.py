@@ -274,9 +274,15 @@ class McpServerModule(types.ModuleType):
         return "\n".join(lines)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name.startswith("_"):
+        if name.startswith("_"):
             raise AttributeError(name)
-        names = ", ".join(sorted(_python_name(t) for t in self.tools)) or "none"
+        # Not in the catalog this module was made from: the server may have added the tool
+        # since (a list_changed notification); read the catalog again, once.
+        fresh = self._owner._reload().get(self.name)
+        if fresh is not None and name in vars(fresh):
+            return vars(fresh)[name]
+        known = fresh.tools if fresh is not None else self.tools
+        names = ", ".join(sorted(_python_name(t) for t in known)) or "none"
         raise AttributeError(f"MCP server {self.name} has no tool {name!r} (tools: {names})")
 
     def __repr__(self) -> str:
@@ -361,6 +367,10 @@ class Mcp(HostBound):
         self._entries = [s for s in servers if isinstance(s, dict)]
         self._modules = {str(s.get("name")): McpServerModule(self, s) for s in self._entries}
 
+    def _reload(self) -> dict[str, McpServerModule]:
+        self._entries = None
+        return self._catalog()
+
     async def refresh(self) -> Mcp:
         """Read the servers and their tools again from the host."""
         self._load(await self._client().request("mcp.list", {}, timeout=LIST_TIMEOUT_S))
@@ -392,6 +402,8 @@ class Mcp(HostBound):
         if name.startswith("_"):
             raise AttributeError(name)
         found = self._catalog().get(name)
+        if found is None:
+            found = self._reload().get(name)  # a server of the family added since
         if found is None:
             names = ", ".join(sorted(self._modules)) or "none"
             raise AttributeError(f"no MCP server {name!r} in this session (servers: {names})")

@@ -145,7 +145,10 @@ class PromptBuilder:
         mcp = await self._mcp_servers(rec.root_id)
         key = (
             tuple(self._generation[o] for o in owners),
-            tuple((s["name"], s["state"], s["restarts"], len(s["tools"])) for s in mcp),
+            tuple(
+                (s["name"], s["state"], s["restarts"], tuple(t["name"] for t in s["tools"]))
+                for s in mcp
+            ),
             live.model.selector,
             live.model.tool_protocol,
             rec.cwd,

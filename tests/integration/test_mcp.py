@@ -372,3 +372,31 @@ async def test_a_spent_budget_refuses_a_call_and_a_familys_own_servers_stop_with
         assert orch.mcp.servers(live.id) == {}
     assert results(events) == ["BudgetExceeded budget_exceeded"]
     assert [c["status"] for c in mcp_calls(events)] == ["refused"]
+
+
+GROW: Final = """
+    code:
+        print(await mcp.tools.grow(name="fresh"))
+    ---
+    code:
+        print(await mcp.tools.fresh())
+    ---
+    text: done
+    ---
+    text: done again
+"""
+
+
+async def test_a_tool_the_server_adds_is_seen_after_its_list_changed_notice() -> None:
+    cfg = settings({"tools": stdio_server()})
+    async with orchestrator(cfg) as orch:
+        with FakeModelServer(GROW) as srv:
+            model = resolve_model(MODEL, cfg, api_base=srv.url, env={})
+            live = await orch.create_session(model=model, cwd=Path.cwd(), name="m")
+            await run_turn(orch, live, "go")
+            await run_turn(orch, live, "again")  # a turn's prompt is built at its start
+            prompts = [str(r["messages"][0]["content"]) for r in srv.requests]
+        events = await orch.store.events(live.id)
+    assert results(events) == ["added", "grown"]
+    assert "  - fresh(): Added while the server ran." not in prompts[0]
+    assert "  - fresh(): Added while the server ran." in prompts[-1]
