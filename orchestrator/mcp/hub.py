@@ -9,20 +9,28 @@ stop with ``detach`` (the family is gone) or ``close`` (the orchestrator stops).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Final
 
 from orchestrator.mcp.server import McpServer
 from orchestrator.mcp_config import McpServers
 
-__all__ = ["START_WAIT_S", "McpHub"]
+__all__ = ["LOG_SUFFIX", "START_WAIT_S", "McpHub"]
 
 # How long a prompt build waits for servers still starting before it lists what is up.
 START_WAIT_S: Final = 15.0
+LOG_SUFFIX: Final = ".log"
 
 
 class McpHub:
-    def __init__(self, servers: McpServers) -> None:
-        self._shared = {name: McpServer(name, config) for name, config in servers.items()}
+    """``log_dir``: where each stdio server's stderr goes (``NAME.log``, a family's own
+    ``ROOT-NAME.log``); None: this process's stderr."""
+
+    def __init__(self, servers: McpServers, log_dir: Path | None = None) -> None:
+        self._log_dir = log_dir
+        self._shared = {
+            name: McpServer(name, config, self._log(name)) for name, config in servers.items()
+        }
         self._owned: dict[str, dict[str, McpServer]] = {}
         self._closed = False
 
@@ -40,8 +48,11 @@ class McpHub:
             known = mine.get(name)
             if known is not None and known.config == config:
                 continue
-            mine[name] = McpServer(name, config)
+            mine[name] = McpServer(name, config, self._log(f"{owner}-{name}"))
             mine[name].start()
+
+    def _log(self, stem: str) -> Path | None:
+        return self._log_dir / f"{stem}{LOG_SUFFIX}" if self._log_dir is not None else None
 
     async def detach(self, owner: str) -> None:
         """Stop ``owner``'s own servers (its family is gone)."""

@@ -20,11 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal, TypeVar
+from pathlib import Path
+from typing import Any, Final, Literal, TextIO, TypeVar
 
 import anyio
 from mcp import ClientSession, McpError, StdioServerParameters, types
@@ -34,8 +37,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import AnyUrl
 
 from orchestrator.errors import McpError as ServerCallError
+from orchestrator.file_modes import PRIVATE_FILE_MODE
 from orchestrator.mcp.results import catalog_json, prompt_json, resource_json, tool_json
 from orchestrator.mcp_config import McpServerConfig
+from orchestrator.paths import ensure_private_dir
 
 __all__ = [
     "PING_INTERVAL_S",
@@ -83,9 +88,10 @@ class McpServer:
     """One configured server: ``start()`` once, then ``call_tool`` / ``read_resource`` /
     ``get_prompt`` from any task; ``stop()`` ends the runner and the child."""
 
-    def __init__(self, name: str, config: McpServerConfig) -> None:
+    def __init__(self, name: str, config: McpServerConfig, log_file: Path | None = None) -> None:
         self.name = name
         self.config = config
+        self.log_file = log_file  # a stdio server's stderr (None: this process's stderr)
         self.state: ServerState = "stopped"
         self.restarts = 0  # starts after the first
         self.last_error: str | None = None
@@ -148,7 +154,10 @@ class McpServer:
                     env={**get_default_environment(), **config.env},
                     cwd=config.cwd,
                 )
-                read, write = await stack.enter_async_context(stdio_client(params))
+                errlog = sys.stderr
+                if self.log_file is not None:
+                    errlog = stack.enter_context(_open_log(self.log_file))
+                read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
             else:
                 http = await stack.enter_async_context(
                     create_mcp_http_client(headers=dict(config.headers))
@@ -337,6 +346,13 @@ async def _pages(
         if not cursor:
             break
     return out
+
+
+def _open_log(path: Path) -> TextIO:
+    """``path`` for appending, private to the user (a server may log what it was given)."""
+    ensure_private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
 
 
 def restart_delay(failures: int) -> float:

@@ -106,6 +106,8 @@ CLIENT_ENV_ROOTS_MAX: Final = 4096
 # The recent state changes of every session (``Orchestrator.transitions``), for inspection:
 # the oldest go first once this many are kept.
 RECENT_TRANSITIONS_MAX: Final = 256
+# Under the runtime dir: each MCP server's stderr (docs/mcp.md).
+MCP_LOG_SUBDIR: Final = "mcp"
 # How a print-mode root ends, by its last outcome's reason (``finish_root``); any other reason
 # (a failed run) leaves it inactive: not loaded, and woken by the next message.
 RUN_END_STATES: Final[Mapping[str, SessionStatus]] = {
@@ -214,7 +216,7 @@ class Orchestrator:
         self.idle = IdleUnloader(self, after_s=settings.idle_unload_after_s)
         # The Continual Harness (docs/harness.md): prompts rebuilt after a change, /refine.
         # MCP servers (docs/mcp.md): the config's for every session, a run's for its family.
-        self.mcp = McpHub(settings.mcp.servers)
+        self.mcp = McpHub(settings.mcp.servers, log_dir=paths.runtime_dir / MCP_LOG_SUBDIR)
         self.prompts = PromptBuilder(store, paths, settings, mcp=self.mcp)
         self.refiner = Refiner(store, outcome_turns=settings.harness.outcome_turns)
         self.goals = Goals(store)  # docs/control.md

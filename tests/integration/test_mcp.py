@@ -326,7 +326,8 @@ async def test_a_server_that_dies_between_calls_is_found_by_its_ping_and_restart
 
 async def test_a_server_that_cannot_start_is_retried_with_backoff_and_says_why() -> None:
     broken = McpServerConfig(command=sys.executable, args=("-c", "raise SystemExit('no way')"))
-    server = McpServer("broken", broken)
+    log = Path(os.environ["XDG_RUNTIME_DIR"]) / "broken.log"
+    server = McpServer("broken", broken, log_file=log)
     server.start()
     try:
         await server.wait_started(START_TIMEOUT_S)
@@ -340,6 +341,8 @@ async def test_a_server_that_cannot_start_is_retried_with_backoff_and_says_why()
         await server.stop()
     assert caught.value.code == "mcp_unavailable"
     assert "the MCP server broken is" in str(caught.value) and server.last_error
+    assert "no way" in log.read_text()  # its stderr, once per start
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
     assert [restart_delay(n) for n in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
 
 
