@@ -4,16 +4,21 @@
 an ACP client's ``session/new``) belong to its family, keyed by the root session id, and shadow
 a shared server of the same name. Servers start at first use (a running loop is needed) and
 stop with ``detach`` (the family is gone) or ``close`` (the orchestrator stops).
+
+The MCP SDK (``server.py``) takes about a second to import: it is imported only when there is
+a server to run, so an orchestrator without any pays nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from orchestrator.mcp.server import McpServer
-from orchestrator.mcp_config import McpServers
+from orchestrator.mcp_config import McpServerConfig, McpServers
+
+if TYPE_CHECKING:
+    from orchestrator.mcp.server import McpServer
 
 __all__ = ["LOG_SUFFIX", "START_WAIT_S", "McpHub"]
 
@@ -28,9 +33,8 @@ class McpHub:
 
     def __init__(self, servers: McpServers, log_dir: Path | None = None) -> None:
         self._log_dir = log_dir
-        self._shared = {
-            name: McpServer(name, config, self._log(name)) for name, config in servers.items()
-        }
+        self._configs = dict(servers)
+        self._shared: dict[str, McpServer] | None = None  # made at first use
         self._owned: dict[str, dict[str, McpServer]] = {}
         self._closed = False
 
@@ -48,7 +52,7 @@ class McpHub:
             known = mine.get(name)
             if known is not None and known.config == config:
                 continue
-            mine[name] = McpServer(name, config, self._log(f"{owner}-{name}"))
+            mine[name] = _server(name, config, self._log(f"{owner}-{name}"))
             mine[name].start()
 
     def _log(self, stem: str) -> Path | None:
@@ -61,6 +65,11 @@ class McpHub:
 
     def servers(self, owner: str) -> dict[str, McpServer]:
         """What ``owner``'s family sees: the shared servers, its own over them; by name."""
+        if self._shared is None:
+            self._shared = {
+                name: _server(name, config, self._log(name))
+                for name, config in self._configs.items()
+            }
         if not self._closed:
             for server in self._shared.values():
                 server.start()
@@ -74,4 +83,11 @@ class McpHub:
         self._closed = True
         owned = [server for mine in self._owned.values() for server in mine.values()]
         self._owned.clear()
-        await asyncio.gather(*(server.stop() for server in (*self._shared.values(), *owned)))
+        shared = list((self._shared or {}).values())
+        await asyncio.gather(*(server.stop() for server in (*shared, *owned)))
+
+
+def _server(name: str, config: McpServerConfig, log_file: Path | None) -> McpServer:
+    from orchestrator.mcp.server import McpServer
+
+    return McpServer(name, config, log_file)

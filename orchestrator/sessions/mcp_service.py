@@ -15,19 +15,21 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from orchestrator.bus.request_args import RequestArgs, parse_args
 from orchestrator.bus.router import HostRequestError
 from orchestrator.errors import McpError
 from orchestrator.mcp.hub import McpHub
-from orchestrator.mcp.server import McpServer
 from orchestrator.runtime.wire import MAX_REQUEST_BYTES, MCP_CALL_TIMEOUT_MAX_S
 from orchestrator.sessions.budget import BudgetTree
 from orchestrator.sessions.live import LiveSession
 from orchestrator.settings import Settings
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import McpCallPayload
+
+if TYPE_CHECKING:
+    from orchestrator.mcp.server import McpServer
 
 __all__ = ["MCP_EVENT_ARGUMENTS_CHARS", "MCP_RESULT_MAX_BYTES", "McpHost", "McpService"]
 

@@ -8,6 +8,8 @@ import asyncio
 import inspect
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -222,3 +224,17 @@ def test_the_prompt_lists_servers_and_one_line_per_tool() -> None:
     down = mcp_prompt_section([{"name": "calc", "state": "down", "tools": []}])
     assert "- mcp.calc (down: try again later)" in down.splitlines()
     assert mcp_prompt_section([]) == ""
+
+
+def test_an_orchestrator_without_servers_does_not_import_the_mcp_sdk() -> None:
+    """The SDK takes about a second to import: only a configured server pays for it."""
+    code = (
+        "import sys, orchestrator.sessions.manager, orchestrator.sessions.family\n"
+        "from orchestrator.mcp.hub import McpHub\n"
+        "McpHub({}).servers('s')\n"
+        "print(sorted(m for m in sys.modules if m == 'mcp' or m.startswith('mcp.')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
