@@ -230,6 +230,7 @@ class McpServerModule(types.ModuleType):
         self.name = str(entry.get("name", ""))
         super().__init__(f"mcp.{self.name}")
         self._owner = owner
+        self._missed: set[str] = set()
         self.state = str(entry.get("state", ""))
         self.tools: dict[str, Any] = {}
         tool_lines: list[str] = []
@@ -277,8 +278,13 @@ class McpServerModule(types.ModuleType):
         if name.startswith("_"):
             raise AttributeError(name)
         # Not in the catalog this module was made from: the server may have added the tool
-        # since (a list_changed notification); read the catalog again, once.
-        fresh = self._owner._reload().get(self.name)
+        # since (a list_changed notification); read the catalog again, once per name (tools
+        # such as IPython probe attributes that no server has).
+        if name in self._missed:
+            fresh = None
+        else:
+            self._missed.add(name)
+            fresh = self._owner._reload().get(self.name)
         if fresh is not None and name in vars(fresh):
             return vars(fresh)[name]
         known = fresh.tools if fresh is not None else self.tools

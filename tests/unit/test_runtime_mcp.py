@@ -86,7 +86,7 @@ def make(**replies: Any) -> tuple[Mcp, RecordingClient]:
 
 
 def test_servers_are_modules_whose_tools_have_the_schemas_signature_and_doc() -> None:
-    mcp, _ = make()
+    mcp, client = make()
     calc = mcp.calc
     assert isinstance(calc, McpServerModule) and list(mcp) == ["calc"] and mcp["calc"] is calc
     assert str(inspect.signature(calc.add)) == "(*, a: int, b: int = 1)"
@@ -100,6 +100,10 @@ def test_servers_are_modules_whose_tools_have_the_schemas_signature_and_doc() ->
         _ = mcp.nope
     with pytest.raises(AttributeError, match=r"has no tool 'sub' \(tools: add, get_file\)"):
         _ = calc.sub
+    lists = [r[0] for r in client.requests].count("mcp.list")
+    with pytest.raises(AttributeError):
+        _ = calc.sub  # read again once per missing name, not at every probe
+    assert [r[0] for r in client.requests].count("mcp.list") == lists
 
 
 def test_arguments_are_checked_before_anything_is_sent() -> None:
