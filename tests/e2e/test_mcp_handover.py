@@ -129,7 +129,8 @@ async def test_acp_session_new_mcp_servers_are_honoured(
                     session_id=session.session_id, prompt=[text_block("use them")]
                 )
         assert answer.stop_reason == "end_turn"
-    done = next(u for u in recorder.updates if u["sessionUpdate"] == "tool_call_update")
+    # The last update of the cell is its result (in-progress ones show its output as it came).
+    *_, done = (u for u in recorder.updates if u["sessionUpdate"] == "tool_call_update")
     assert done["status"] == "completed"
     assert done["content"][-1]["content"]["text"].strip().splitlines() == [
         "4 hello Acp!",
