@@ -20,7 +20,7 @@ __all__ = ["CELL_OUTPUT_MAX_CHARS", "Item", "ItemKind", "Transcript"]
 # the full output is the artifact the tool result names).
 CELL_OUTPUT_MAX_CHARS: Final = 8000
 
-ItemKind = Literal["user", "assistant", "cell", "notice", "error"]
+ItemKind = Literal["user", "assistant", "thinking", "cell", "notice", "error"]
 
 # Durable events that only matter to the accounting or the tree, not to a reader of the chat.
 _SILENT: Final = frozenset({"usage", "turn_end", "run_end", "custom"})
@@ -59,9 +59,18 @@ class Transcript:
         self._by_key[item.key] = item
         return item
 
-    def _streaming(self) -> Item | None:
+    def _streaming(self, kind: ItemKind = "assistant") -> Item | None:
         last = self.items[-1] if self.items else None
-        return last if last is not None and last.streaming else None
+        if last is not None and last.streaming and last.kind == kind:
+            return last
+        return None
+
+    def _thinking_before_stream(self) -> Item | None:
+        """A streamed reasoning item whose answer is streaming after it (not yet stored)."""
+        if len(self.items) < 2 or self._streaming() is None:
+            return None
+        before = self.items[-2]
+        return before if before.kind == "thinking" and before.key.startswith("stream-") else None
 
     # ---------------------------------------------------------------------------- transient
 
@@ -75,7 +84,18 @@ class Transcript:
         if after is not None and after < self.cursor:
             return None
         kind = event.get("type")
+        if kind == "thinking_delta":  # the model's reasoning, before its answer
+            item = self._streaming("thinking")
+            if item is None:
+                item = self._add(Item("thinking", f"stream-{len(self.items)}", streaming=True))
+            item.text += str(event.get("delta", ""))
+            item.touch()
+            return item
         if kind == "text_delta":
+            thinking = self._streaming("thinking")
+            if thinking is not None:  # the answer starts: its reasoning is complete
+                thinking.streaming = False
+                thinking.touch()
             item = self._streaming()
             if item is None:
                 item = self._add(Item("assistant", f"stream-{len(self.items)}", streaming=True))
@@ -130,6 +150,17 @@ class Transcript:
     def _assistant(self, key: str, p: dict[str, Any]) -> list[Item]:
         changed: list[Item] = []
         text = str(p.get("text", ""))
+        thought = str(p.get("thinking") or "")
+        thinking = self._streaming("thinking") or self._thinking_before_stream()
+        if thinking is not None:  # what the deltas built: the stored reasoning replaces it
+            del self._by_key[thinking.key]
+            thinking.key, thinking.streaming = f"{key}:thinking", False
+            thinking.text = thought or thinking.text
+            self._by_key[thinking.key] = thinking
+            thinking.touch()
+            changed.append(thinking)
+        elif thought.strip():
+            changed.append(self._add(Item("thinking", f"{key}:thinking", text=thought)))
         streamed = self._streaming()
         if streamed is not None:
             # The durable text replaces what the deltas built (they may have been dropped).

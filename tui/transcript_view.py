@@ -125,6 +125,10 @@ class _MessageView(Static):
             self.update(text)
         elif item.kind == "error":
             self.update(Text(f"✗ {item.text}", style="bold red"))
+        elif item.kind == "thinking":
+            text = Text("thinking › ", style="dim bold")
+            text.append(item.text, style="dim italic")
+            self.update(text)
         else:
             self.update(Text(f"• {item.text}", style="dim"))
 
@@ -158,7 +162,8 @@ def _view_for(item: Item) -> Widget:
 
 def _visible(item: Item) -> bool:
     """An answer with no text (a reply that only called the tool) takes no line."""
-    return not (item.kind == "assistant" and not item.text.strip() and not item.streaming)
+    quiet = item.kind in ("assistant", "thinking") and not item.text.strip()
+    return not (quiet and not item.streaming)
 
 
 class TranscriptView(VerticalScroll):

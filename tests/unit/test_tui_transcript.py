@@ -131,3 +131,28 @@ def test_invalid_tool_arguments_show_as_they_came() -> None:
     t = Transcript()
     t.apply(ev(1, "assistant_message", tool_calls=[{"id": "c", "arguments": '{"code": "pri'}]))
     assert t.items[0].text == '{"code": "pri'
+
+
+def test_the_models_reasoning_shows_before_its_answer_streamed_or_stored() -> None:
+    t = Transcript()
+    t.apply(ev(1, "user_message", text="go"))
+    for piece in ("Let me ", "think."):
+        t.stream({"type": "thinking_delta", "delta": piece})
+    t.stream({"type": "text_delta", "delta": "Answer"})
+    assert [(i.kind, i.text, i.streaming) for i in t.items[1:]] == [
+        ("thinking", "Let me think.", False),
+        ("assistant", "Answer", True),
+    ]
+    t.apply(ev(2, "assistant_message", text="Answer.", thinking="Let me think."))
+    assert [(i.kind, i.text, i.streaming) for i in t.items[1:]] == [
+        ("thinking", "Let me think.", False),
+        ("assistant", "Answer.", False),
+    ]
+    # Replayed (no deltas): the stored reasoning comes first, then the answer.
+    replay = Transcript()
+    replay.apply(ev(1, "user_message", text="go"))
+    replay.apply(ev(2, "assistant_message", text="Answer.", thinking="Hmm."))
+    assert [(i.kind, i.text) for i in replay.items[1:]] == [
+        ("thinking", "Hmm."),
+        ("assistant", "Answer."),
+    ]
