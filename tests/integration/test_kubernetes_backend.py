@@ -1,0 +1,213 @@
+"""The kubernetes backend end to end, without a cluster: the official client over real HTTP to
+kmock's in-memory API (tests/k8s_emulator.py), and a node that runs each created pod on the
+local Docker Engine and writes its status and IP back (``DockerNode``). create -> Ready ->
+cells that share a namespace -> stop (Pod, Secret, NetworkPolicy deleted, container gone); an
+unschedulable pod is a one-line ``SandboxStartError``; an OOM-killed pod is ``KernelDied``; a
+new backend object adopts a recorded pod and removes one it knows nothing of. What this does
+NOT show: scheduling, probes, NetworkPolicy enforcement, label selectors on a real API server
+(docs/kubernetes.md, "Tests")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from orchestrator.errors import KernelDied, SandboxStartError
+from orchestrator.sandbox.base import SandboxRef, SandboxSpec
+from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.kubernetes import KubernetesBackend
+from tests.helpers import need, wait_until
+from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
+from tests.k8s_emulator import (
+    NAMESPACE,
+    UNSCHEDULABLE_MESSAGE,
+    DockerNode,
+    EmulatedCluster,
+    emulated_cluster,
+    running_node,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+INSTANCE: Final = "test-instance"
+WORKSPACE: Final = Path("/workspace/project")
+CELL_TIMEOUT_S: Final = 60.0
+START_TIMEOUT_S: Final = 90.0
+GONE_TIMEOUT_S: Final = 30.0
+MIB: Final = 1024**2
+KINDS: Final = ("pods", "secrets", "networkpolicies")
+
+
+class Recorder:
+    """The daemon's listener, as far as adoption needs it: the refs it was told about."""
+
+    def __init__(self) -> None:
+        self.up: dict[str, SandboxRef] = {}
+
+    async def sandbox_up(self, ref: SandboxRef) -> None:
+        self.up[ref.session_id] = ref
+
+    async def sandbox_down(self, ref: SandboxRef) -> None:
+        self.up.pop(ref.session_id, None)
+
+
+@pytest.fixture(scope="module")
+def docker() -> Any:
+    from orchestrator.errors import UserError
+    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
+
+    try:
+        client = docker_client()
+    except UserError as exc:
+        need("docker", str(exc))
+    if not image_exists(SESSION_IMAGE, client):
+        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
+    return client
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[EmulatedCluster]:
+    async with emulated_cluster() as emulated:
+        yield emulated
+
+
+def backend_for(cluster: EmulatedCluster) -> KubernetesBackend:
+    return KubernetesBackend(
+        K8sApi(cluster.api_client(), NAMESPACE),
+        instance=INSTANCE,
+        memory_bytes=512 * MIB,
+        cpus=1.0,
+        start_timeout_s=START_TIMEOUT_S,
+    )
+
+
+def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> SandboxSpec:
+    return SandboxSpec(
+        session_id=session,
+        cwd=WORKSPACE,
+        artifacts_dir=tmp_path,
+        die_with_parent=die_with_parent,
+    )
+
+
+def kubelet_containers(docker: Any) -> list[Any]:
+    return list(
+        docker.containers.list(all=True, filters={"label": f"{TEST_LABEL}={TEST_LABEL_VALUE}"})
+    )
+
+
+async def run(sandbox: Any, code: str) -> str:
+    result = await sandbox.execute(code, timeout_s=CELL_TIMEOUT_S, cell_id=code[:8])
+    assert result.status == "ok", result
+    return str(result.result or result.stdout).strip()
+
+
+async def test_a_session_pod_runs_cells_and_stop_deletes_it(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            sandbox = await backend.create(spec_for("s-cells", tmp_path))
+            name = sandbox.name
+            assert all(name in cluster.names(kind) for kind in KINDS)
+            # The pod was watched until Ready, never polled.
+            assert backend.api.calls.get("watch", 0) >= 1
+            assert backend.api.calls.get("read", 0) == 0
+            await run(sandbox, "x = 41")
+            assert await run(sandbox, "x + 1") == "42"
+            assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
+                f"(1000, '{WORKSPACE}')"
+            )
+            assert await sandbox.is_alive()
+            info = await sandbox.info()
+            assert (info.name, info.state) == (name, "running")
+            container = node.containers[name]
+            await sandbox.stop()
+            assert not any(name in cluster.names(kind) for kind in KINDS)
+            assert not await sandbox.is_alive()
+            assert wait_until(
+                lambda: container.id not in {c.id for c in kubelet_containers(docker)},
+                timeout=GONE_TIMEOUT_S,
+            )
+        finally:
+            await backend.close()
+
+
+async def test_an_unschedulable_pod_is_a_start_error_and_leaves_nothing(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker, mode="unschedulable")
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            with pytest.raises(SandboxStartError) as raised:
+                await backend.create(spec_for("s-nofit", tmp_path))
+        finally:
+            await backend.close()
+    message = str(raised.value)
+    assert "cannot be scheduled" in message and UNSCHEDULABLE_MESSAGE in message
+    assert "\n" not in message
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            sandbox = await backend.create(spec_for("s-oom", tmp_path))
+            await run(sandbox, "x = 1")
+            oom = {
+                "name": "sandbox",
+                "image": "prime-agent/session:latest",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+            status = {"phase": "Failed", "containerStatuses": [oom]}
+            await asyncio.to_thread(node.fail, sandbox.name, status)  # the API is served here
+            with pytest.raises(KernelDied, match="ran out of memory"):
+                await sandbox.execute("x", timeout_s=CELL_TIMEOUT_S, cell_id="after")
+            assert not await sandbox.is_alive()
+        finally:
+            await backend.close()
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        first = backend_for(cluster)  # the orchestrator that is "killed": never closed
+        recorder = Recorder()
+        first.listener = recorder
+        kept = await first.create(spec_for("s-kept", tmp_path, die_with_parent=False))
+        await run(kept, "x = 41")
+        stray = await first.create(spec_for("s-stray", tmp_path, die_with_parent=False))
+        ref = recorder.up["s-kept"]
+        assert (ref.ref, ref.kernel_id) == (kept.name, kept.ref.kernel_id)
+
+        second = backend_for(cluster)  # a fresh client, as after a restart
+        try:
+            adopted = await second.adopt(ref, spec_for("s-kept", tmp_path, die_with_parent=False))
+            assert await run(adopted, "x + 1") == "42"  # the same kernel: its namespace kept
+            assert await second.remove_unknown({ref.ref}) == 1
+            assert not any(stray.name in cluster.names(kind) for kind in KINDS)
+            assert kept.name in cluster.names("pods")
+            await second.remove(ref)  # what the daemon does with one it could not adopt
+            assert not any(kept.name in cluster.names(kind) for kind in KINDS)
+        finally:
+            await second.close()
+            for dropped in (kept, stray):  # the "killed" orchestrator's connections
+                if dropped.client is not None:
+                    await dropped.client.close()
