@@ -6,9 +6,10 @@ come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
 - ``create``: a session's Secret, NetworkPolicy and Pod (``k8s_manifests.session_objects``).
 - ``read_pod``: one pod, None when it is gone.
 - ``wait_pod``: WATCH the pod (never a poll loop) until a predicate holds or time runs out.
-  The watch asks the server to end it (``timeoutSeconds``) and gives up reading after
-  ``WATCH_IDLE_S`` without an event, then watches again: an emulator without server-side
-  timeouts cannot hold it forever, and a stop request is seen within that time.
+  The watch asks the server to end it (``timeoutSeconds``), and a read gives up after
+  ``WATCH_IDLE_S`` without an event (urllib3, under the client, retries such a read a few
+  times first), then the pod is watched again: an emulator without server-side timeouts
+  cannot hold it forever, and a stop request (a cancelled start) is seen within that time.
 - ``owned_pods``: the pods of one instance. The label selector goes to the server, and the
   labels are checked again here (the emulator the tests use ignores selectors).
 - ``delete``: a session's Pod, Secret and NetworkPolicy by name (one already gone is fine).

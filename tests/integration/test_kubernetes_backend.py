@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import pytest
 
-from orchestrator.errors import KernelDied, SandboxStartError
+from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.sandbox.base import SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
@@ -116,9 +116,10 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             sandbox = await backend.create(spec_for("s-cells", tmp_path))
             name = sandbox.name
             assert all(name in cluster.names(kind) for kind in KINDS)
-            # The pod was watched until Ready, never polled.
-            assert backend.api.calls.get("watch", 0) >= 1
-            assert backend.api.calls.get("read", 0) == 0
+            # Three objects created, the pod watched until Ready (never polled: no reads).
+            calls = dict(backend.api.calls)
+            assert calls.pop("create") == 3 and calls.pop("watch") >= 1
+            assert calls == {}
             await run(sandbox, "x = 41")
             assert await run(sandbox, "x + 1") == "42"
             assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
@@ -129,6 +130,7 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             assert (info.name, info.state) == (name, "running")
             container = node.containers[name]
             await sandbox.stop()
+            assert backend.api.calls["delete"] == 3  # Pod, Secret, NetworkPolicy
             assert not any(name in cluster.names(kind) for kind in KINDS)
             assert not await sandbox.is_alive()
             assert wait_until(
@@ -196,6 +198,15 @@ async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
         stray = await first.create(spec_for("s-stray", tmp_path, die_with_parent=False))
         ref = recorder.up["s-kept"]
         assert (ref.ref, ref.kernel_id) == (kept.name, kept.ref.kernel_id)
+
+        stranger = KubernetesBackend(
+            K8sApi(cluster.api_client(), NAMESPACE), instance="another-instance"
+        )
+        with pytest.raises(SandboxError, match="another prime-agent instance"):
+            await stranger.adopt(ref, spec_for("s-kept", tmp_path))
+        await stranger.remove(ref)  # not its pod: kept
+        assert await stranger.remove_unknown(set()) == 0
+        assert {kept.name, stray.name} <= cluster.names("pods")
 
         second = backend_for(cluster)  # a fresh client, as after a restart
         try:
