@@ -9,6 +9,9 @@ created there and plays the kubelet for each.
   host). A deleted pod's container is removed.
 - ``mode="unschedulable"``: the pod stays Pending with ``PodScheduled`` False, reason
   ``Unschedulable``, as a scheduler writes it when no node fits.
+- ``mode="pending"``: nothing is written; the pod stays as created (an image still pulling).
+
+``seen`` is set when the node has seen a pod created.
 
 What kmock does not do (docs/kubernetes.md, "Tests"): label and field selectors (a list or
 watch returns every object of the namespace), uid / resourceVersion / creationTimestamp, a
@@ -40,7 +43,7 @@ RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolici
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
 UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
-NodeMode = Literal["run", "unschedulable"]
+NodeMode = Literal["run", "unschedulable", "pending"]
 
 
 @dataclass
@@ -75,9 +78,10 @@ class DockerNode:
     """The kubelet of one node: see the module docstring. ``run`` in a thread until ``stop``."""
 
     api_client: Any
-    docker: Any
+    docker: Any  # the Docker client; None for the modes that run nothing
     mode: NodeMode = "run"
     stop: threading.Event = field(default_factory=threading.Event)
+    seen: threading.Event = field(default_factory=threading.Event)
     containers: dict[str, Any] = field(default_factory=dict)  # pod name -> its container
     _stacks: dict[str, contextlib.ExitStack] = field(default_factory=dict)
 
@@ -105,9 +109,10 @@ class DockerNode:
             self._forget(name)
         elif kind == "ADDED" and name not in self._stacks:
             self._stacks[name] = contextlib.ExitStack()
+            self.seen.set()
             if self.mode == "unschedulable":
                 self._unschedulable(core, name)
-            else:
+            elif self.mode == "run":
                 self._start(core, name, pod)
 
     def _forget(self, name: str) -> None:

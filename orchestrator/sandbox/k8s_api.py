@@ -66,13 +66,15 @@ def _api_error(exc: Exception, what: str) -> SandboxError:
 
 
 class K8sApi:
-    """The calls the backend makes, in one namespace, through ``client`` (an ``ApiClient``)."""
+    """The calls the backend makes, in one namespace, through ``client`` (an ``ApiClient``);
+    ``watch_idle_s``: how long a watch's read waits for an event (``WATCH_IDLE_S``)."""
 
-    def __init__(self, client: Any, namespace: str):
+    def __init__(self, client: Any, namespace: str, *, watch_idle_s: float = WATCH_IDLE_S):
         from kubernetes import client as k8s
 
         self.client = client
         self.namespace = namespace
+        self.watch_idle_s = watch_idle_s
         self.core = k8s.CoreV1Api(client)
         self.networking = k8s.NetworkingV1Api(client)
         self._exceptions = k8s.exceptions
@@ -143,7 +145,7 @@ class K8sApi:
                     self.namespace,
                     field_selector=f"metadata.name={name}",
                     timeout_seconds=max(1, int(remaining)),
-                    _request_timeout=(API_TIMEOUT_S, WATCH_IDLE_S),
+                    _request_timeout=(API_TIMEOUT_S, self.watch_idle_s),
                     deserialize=False,
                 ):
                     pod = event.get("object") or {}
@@ -156,7 +158,7 @@ class K8sApi:
             except self._exceptions.ApiException as exc:
                 raise _api_error(exc, f"watching pod {name}") from exc
             except Urllib3Error:
-                continue  # no event for WATCH_IDLE_S (or the stream broke): watch again
+                continue  # no event for watch_idle_s (or the stream broke): watch again
         return last
 
     def owned_pods(self, instance: str) -> list[dict[str, Any]]:

@@ -38,6 +38,9 @@ WORKSPACE: Final = Path("/workspace/project")
 CELL_TIMEOUT_S: Final = 60.0
 START_TIMEOUT_S: Final = 90.0
 GONE_TIMEOUT_S: Final = 30.0
+SEEN_TIMEOUT_S: Final = 30.0
+WATCH_IDLE_S: Final = 1.0  # a cancelled start's watch thread ends within a few of these
+SHORT_START_S: Final = 2.0
 MIB: Final = 1024**2
 KINDS: Final = ("pods", "secrets", "networkpolicies")
 
@@ -75,13 +78,15 @@ async def cluster() -> AsyncIterator[EmulatedCluster]:
         yield emulated
 
 
-def backend_for(cluster: EmulatedCluster) -> KubernetesBackend:
+def backend_for(
+    cluster: EmulatedCluster, *, start_timeout_s: float = START_TIMEOUT_S
+) -> KubernetesBackend:
     return KubernetesBackend(
-        K8sApi(cluster.api_client(), NAMESPACE),
+        K8sApi(cluster.api_client(), NAMESPACE, watch_idle_s=WATCH_IDLE_S),
         instance=INSTANCE,
         memory_bytes=512 * MIB,
         cpus=1.0,
-        start_timeout_s=START_TIMEOUT_S,
+        start_timeout_s=start_timeout_s,
     )
 
 
@@ -142,9 +147,9 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
 
 
 async def test_an_unschedulable_pod_is_a_start_error_and_leaves_nothing(
-    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+    cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker, mode="unschedulable")
+    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing: no Docker
     async with running_node(node):
         backend = backend_for(cluster)
         try:
@@ -155,6 +160,39 @@ async def test_an_unschedulable_pod_is_a_start_error_and_leaves_nothing(
     message = str(raised.value)
     assert "cannot be scheduled" in message and UNSCHEDULABLE_MESSAGE in message
     assert "\n" not in message
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
+    async with running_node(node):
+        backend = backend_for(cluster, start_timeout_s=SHORT_START_S)
+        try:
+            with pytest.raises(
+                SandboxStartError, match=r"was not ready within 2 s \(phase Pending\)"
+            ):
+                await backend.create(spec_for("s-slow", tmp_path))
+        finally:
+            await backend.close()
+    assert node.seen.is_set()
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            start = asyncio.ensure_future(backend.create(spec_for("s-cancel", tmp_path)))
+            assert await asyncio.to_thread(node.seen.wait, SEEN_TIMEOUT_S)
+            assert cluster.names("pods")  # created, waiting to be Ready
+            start.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await start
+        finally:
+            await backend.close()
     assert not any(cluster.names(kind) for kind in KINDS)
 
 
