@@ -9,6 +9,8 @@ created there and plays the kubelet for each.
   host). A deleted pod's container is removed.
 - ``mode="unschedulable"``: the pod stays Pending with ``PodScheduled`` False, reason
   ``Unschedulable``, as a scheduler writes it when no node fits.
+- ``mode="no-image"``: the pod stays Pending, its container waiting in ``ImagePullBackOff``,
+  as a kubelet writes it when the image cannot be pulled.
 - ``mode="pending"``: nothing is written; the pod stays as created (an image still pulling).
 
 ``seen`` is set when the node has seen a pod created.
@@ -36,14 +38,50 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from tests.k8s_docker_kubelet import run_pod
 
-__all__ = ["NAMESPACE", "DockerNode", "EmulatedCluster", "emulated_cluster", "running_node"]
+__all__ = [
+    "NAMESPACE",
+    "DockerNode",
+    "EmulatedCluster",
+    "NodeMode",
+    "emulated_cluster",
+    "running_node",
+]
 
 NAMESPACE: Final = "prime-agent"
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
 UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
-NodeMode = Literal["run", "unschedulable", "pending"]
+PULL_MESSAGE: Final = 'Back-off pulling image "prime-agent/session:latest"'
+# The status each failing mode writes (what a scheduler or kubelet would).
+FAILED_STATUS: Final[dict[str, dict[str, Any]]] = {
+    "unschedulable": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": UNSCHEDULABLE_MESSAGE,
+            }
+        ],
+    },
+    "no-image": {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "sandbox",
+                "image": "prime-agent/session:latest",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": PULL_MESSAGE}},
+            }
+        ],
+    },
+}
+NodeMode = Literal["run", "unschedulable", "no-image", "pending"]
 
 
 @dataclass
@@ -110,8 +148,9 @@ class DockerNode:
         elif kind == "ADDED" and name not in self._stacks:
             self._stacks[name] = contextlib.ExitStack()
             self.seen.set()
-            if self.mode == "unschedulable":
-                self._unschedulable(core, name)
+            if self.mode in FAILED_STATUS:
+                status = FAILED_STATUS[self.mode]
+                core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
             elif self.mode == "run":
                 self._start(core, name, pod)
 
@@ -120,20 +159,6 @@ class DockerNode:
         stack = self._stacks.pop(name, None)
         if stack is not None:
             stack.close()
-
-    def _unschedulable(self, core: Any, name: str) -> None:
-        status = {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": UNSCHEDULABLE_MESSAGE,
-                }
-            ],
-        }
-        core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
 
     def _start(self, core: Any, name: str, pod: dict[str, Any]) -> None:
         secret_name = pod["spec"]["volumes"][-1]["secret"]["secretName"]

@@ -24,9 +24,11 @@ from tests.helpers import need, wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
     NAMESPACE,
+    PULL_MESSAGE,
     UNSCHEDULABLE_MESSAGE,
     DockerNode,
     EmulatedCluster,
+    NodeMode,
     emulated_cluster,
     running_node,
 )
@@ -146,10 +148,20 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             await backend.close()
 
 
-async def test_an_unschedulable_pod_is_a_start_error_and_leaves_nothing(
-    cluster: EmulatedCluster, tmp_path: Path
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("unschedulable", f"cannot be scheduled: {UNSCHEDULABLE_MESSAGE}"),
+        (
+            "no-image",
+            f"cannot pull its image prime-agent/session:latest (ImagePullBackOff): {PULL_MESSAGE}",
+        ),
+    ],
+)
+async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_nothing(
+    cluster: EmulatedCluster, tmp_path: Path, mode: NodeMode, words: str
 ) -> None:
-    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing: no Docker
+    node = DockerNode(cluster.api_client(), None, mode=mode)  # runs nothing: no Docker
     async with running_node(node):
         backend = backend_for(cluster)
         try:
@@ -157,9 +169,8 @@ async def test_an_unschedulable_pod_is_a_start_error_and_leaves_nothing(
                 await backend.create(spec_for("s-nofit", tmp_path))
         finally:
             await backend.close()
-    message = str(raised.value)
-    assert "cannot be scheduled" in message and UNSCHEDULABLE_MESSAGE in message
-    assert "\n" not in message
+    assert str(raised.value).endswith(words)
+    assert "\n" not in str(raised.value)
     assert not any(cluster.names(kind) for kind in KINDS)
 
 
