@@ -29,6 +29,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 import kmock
@@ -175,6 +176,7 @@ class DockerNode:
         status = {
             "phase": "Running",
             "podIP": ip,
+            "startTime": datetime.now(UTC).isoformat(),
             "conditions": [
                 {"type": "PodScheduled", "status": "True"},
                 {"type": "Ready", "status": "True"},

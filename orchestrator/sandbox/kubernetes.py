@@ -29,6 +29,7 @@ import secrets
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime
 from typing import Any, Final
 
 import httpx
@@ -318,10 +319,17 @@ class KubernetesSandbox(GatewaySandbox):
             pod = None
         if pod is None:
             return SandboxInfo(name=self.name, state="gone")
-        containers = (pod.get("spec") or {}).get("containers") or [{}]
+        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+        memory = str(((container.get("resources") or {}).get("limits") or {}).get("memory", ""))
+        started = (pod.get("status") or {}).get("startTime")
         view = view_pod(pod)
-        state = "running" if view.ready else view.phase.lower()
-        return SandboxInfo(name=self.name, image=containers[0].get("image"), state=state)
+        return SandboxInfo(
+            name=self.name,
+            image=container.get("image"),
+            state="running" if view.ready else view.phase.lower(),
+            started_at=datetime.fromisoformat(started) if isinstance(started, str) else None,
+            memory_limit_bytes=int(memory) if memory.isdigit() else None,  # as the builder writes
+        )
 
     async def stop(self) -> None:
         if self._stopped:

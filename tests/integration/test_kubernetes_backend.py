@@ -44,6 +44,8 @@ SEEN_TIMEOUT_S: Final = 30.0
 WATCH_IDLE_S: Final = 1.0  # a cancelled start's watch thread ends within a few of these
 SHORT_START_S: Final = 2.0
 MIB: Final = 1024**2
+POD_MEMORY: Final = 512 * MIB
+SHORT_CELL_S: Final = 1.0
 KINDS: Final = ("pods", "secrets", "networkpolicies")
 
 
@@ -86,7 +88,7 @@ def backend_for(
     return KubernetesBackend(
         K8sApi(cluster.api_client(), NAMESPACE, watch_idle_s=WATCH_IDLE_S),
         instance=INSTANCE,
-        memory_bytes=512 * MIB,
+        memory_bytes=POD_MEMORY,
         cpus=1.0,
         start_timeout_s=start_timeout_s,
     )
@@ -135,6 +137,18 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             assert await sandbox.is_alive()
             info = await sandbox.info()
             assert (info.name, info.state) == (name, "running")
+            assert info.memory_limit_bytes == POD_MEMORY and info.started_at is not None
+            # A cell past its timeout is interrupted; the namespace stays.
+            slow = await sandbox.execute(
+                "import time; time.sleep(60)", timeout_s=SHORT_CELL_S, cell_id="slow"
+            )
+            assert slow.status == "timeout", slow
+            assert await run(sandbox, "x + 1") == "42"
+            # A restart loses the namespace; the session's cwd is applied again.
+            await sandbox.restart_kernel()
+            assert await run(sandbox, "'x' in dir(), __import__('os').getcwd()") == (
+                f"(False, '{WORKSPACE}')"
+            )
             container = node.containers[name]
             await sandbox.stop()
             assert backend.api.calls["delete"] == 3  # Pod, Secret, NetworkPolicy
