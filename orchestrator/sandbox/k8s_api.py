@@ -15,7 +15,8 @@ come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
 - ``delete``: a session's Pod, Secret and NetworkPolicy by name (one already gone is fine).
 
 ``api_client`` builds the client from ``[kubernetes]``: in-cluster when the orchestrator runs
-in a pod and no context is named, else the kubeconfig (its current context or the named one).
+in a pod and no context is named, else the kubeconfig (``$KUBECONFIG`` as it is when called,
+else ``~/.kube/config``; its current context or the named one; never written back).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ HTTP_NOT_FOUND: Final = 404
 # Without an event for this long a watch is ended here and started again.
 WATCH_IDLE_S: Final = 5.0
 IN_CLUSTER_ENV: Final = "KUBERNETES_SERVICE_HOST"
+KUBECONFIG_ENV: Final = "KUBECONFIG"
+DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 API_TIMEOUT_S: Final = 30.0
 
 
@@ -54,7 +57,11 @@ def api_client(settings: KubernetesSettings) -> Any:
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
             return client.ApiClient(configuration)
-        return config.new_client_from_config(context=settings.context)
+        # The client reads $KUBECONFIG once, when imported: it is passed as it is now.
+        kubeconfig = os.environ.get(KUBECONFIG_ENV) or os.path.expanduser(DEFAULT_KUBECONFIG)
+        return config.new_client_from_config(
+            config_file=kubeconfig, context=settings.context, persist_config=False
+        )
     except (config.ConfigException, OSError, TypeError, ValueError) as exc:
         raise SandboxStartError(f"kubernetes: no usable cluster configuration: {exc}") from exc
 

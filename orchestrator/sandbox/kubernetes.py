@@ -17,7 +17,8 @@ instance that it recorded nowhere.
 
 Not here yet: the warm pool (``pool_size``), the workspace's contents (the pod's workspace is
 an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
-this backend yet (``sandbox/choice.py``); it is built with ``KubernetesBackend(...)``.
+this backend yet (``sandbox/choice.py``); it is built in code: ``from_settings`` (the
+cluster of ``[kubernetes]``) or ``KubernetesBackend(K8sApi(...))``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from orchestrator.sandbox.base import (
 from orchestrator.sandbox.confined import session_env, start_kernel
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
-from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.k8s_api import K8sApi, api_client
 from orchestrator.sandbox.k8s_manifests import (
     LABEL_INSTANCE,
     LABEL_SESSION,
@@ -66,6 +67,7 @@ from orchestrator.settings import (
     SANDBOX_PIDS_LIMIT,
     SANDBOX_START_TIMEOUT_S,
     KubernetesSettings,
+    Settings,
 )
 
 __all__ = ["BACKEND_NAME", "KubernetesBackend", "KubernetesSandbox"]
@@ -393,6 +395,29 @@ class KubernetesBackend(SandboxBackend):
         self.start_timeout_s = start_timeout_s
         self._owned: set[KubernetesSandbox] = set()
         self._closed = False
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, instance: str, network: bool = False, **options: Any
+    ) -> KubernetesBackend:
+        """A backend for ``settings``' cluster (``[kubernetes]``: ``api_client``) with its
+        sandbox policy and REPL settings as defaults; ``options`` are passed on."""
+        k8s = settings.kubernetes
+        sandbox = settings.sandbox
+        return cls(
+            K8sApi(api_client(k8s), k8s.namespace),
+            instance=instance,
+            settings=k8s,
+            image=sandbox.image,
+            workspace_mode=sandbox.workspace,
+            memory_bytes=sandbox.memory_bytes,
+            cpus=sandbox.cpus,
+            pids_limit=sandbox.pids_limit,
+            network=network,
+            interrupt_grace_s=settings.interrupt_grace_s,
+            output_cap_chars=settings.output_cap_chars,
+            **options,
+        )
 
     def policy_for(self, spec: SandboxSpec) -> StoredSandboxPolicy:
         """The policy the pod is built with: the spec's choices over this backend's."""

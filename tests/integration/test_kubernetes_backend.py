@@ -20,6 +20,7 @@ from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
 from orchestrator.sandbox.base import SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
+from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
 from tests.helpers import need, wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
@@ -285,3 +286,53 @@ async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
             for dropped in (kept, stray):  # the "killed" orchestrator's connections
                 if dropped.client is not None:
                     await dropped.client.close()
+
+
+KUBECONFIG: Final = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: emulated
+  cluster: {{server: "{url}"}}
+- name: elsewhere
+  cluster: {{server: "http://127.0.0.1:1"}}
+users:
+- name: tester
+  user: {{token: not-checked}}
+contexts:
+- name: other
+  context: {{cluster: elsewhere, user: tester}}
+- name: emulated
+  context: {{cluster: emulated, user: tester, namespace: {namespace}}}
+current-context: other
+"""
+
+
+async def test_from_settings_reaches_the_cluster_of_its_kubeconfig_context(
+    cluster: EmulatedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG.format(url=cluster.url, namespace=NAMESPACE))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings = Settings(
+        sandbox=SandboxSettings(memory_mib=768, cpus=0.5),
+        kubernetes=KubernetesSettings(context="emulated", namespace=NAMESPACE),
+    )
+    backend = KubernetesBackend.from_settings(settings, instance=INSTANCE)
+    policy = backend.policy_for(spec_for("s-config", tmp_path))
+    assert (policy.memory_bytes, policy.cpus) == (768 * MIB, 0.5)
+    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing
+    async with running_node(node):
+        try:
+            with pytest.raises(SandboxStartError, match="cannot be scheduled"):
+                await backend.create(spec_for("s-config", tmp_path))
+        finally:
+            await backend.close()
+    assert node.seen.is_set()  # the pod reached the emulator through the kubeconfig
+    assert kubeconfig.read_text() == KUBECONFIG.format(url=cluster.url, namespace=NAMESPACE)
+
+    missing = Settings(kubernetes=KubernetesSettings(context="nowhere", namespace=NAMESPACE))
+    with pytest.raises(SandboxStartError, match="no usable cluster configuration") as raised:
+        KubernetesBackend.from_settings(missing, instance=INSTANCE)
+    assert "\n" not in str(raised.value)
