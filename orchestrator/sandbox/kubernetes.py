@@ -102,6 +102,7 @@ class KubernetesSandbox(GatewaySandbox):
         self.client: KernelGatewayClient | None = None
         self.ref = SandboxRef(BACKEND_NAME, name, spec.session_id, "", "", "")
         self.failure = ""  # the pod's one line once it failed for good
+        self.created = False  # objects may exist in the cluster: stop deletes them
         self._stopped = False
         self._lock = asyncio.Lock()
         self._recorded: SandboxRef | None = None
@@ -169,6 +170,7 @@ class KubernetesSandbox(GatewaySandbox):
             spec, backend.policy_for(spec), backend.instance, self.token, self.name
         )
         objects = session_objects(request, backend.settings)  # SandboxStartError: mounts
+        self.created = True
         await self._to_thread(backend.api.create, objects)
         await self._record(self._ref("", ""))
         view = await self._wait_ready()
@@ -294,6 +296,7 @@ class KubernetesSandbox(GatewaySandbox):
         )
         client.on_restart = self._setup
         self.client = client
+        self.created = True
         self.token = ref.token
         self.ref = self._ref(url, ref.kernel_id)
         if not self.spec.die_with_parent:
@@ -345,10 +348,11 @@ class KubernetesSandbox(GatewaySandbox):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
-        try:
-            await self._to_thread(self.backend.api.delete, self.name)
-        except SandboxError as exc:
-            log.warning("kubernetes: %s", exc)
+        if self.created:
+            try:
+                await self._to_thread(self.backend.api.delete, self.name)
+            except SandboxError as exc:
+                log.warning("kubernetes: %s", exc)
         recorded, self._recorded = self._recorded, None
         if recorded is not None:
             await self.backend._report_down(recorded)
