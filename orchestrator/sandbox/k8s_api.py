@@ -10,8 +10,9 @@ come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
   ``WATCH_IDLE_S`` without an event (urllib3, under the client, retries such a read a few
   times first), then the pod is watched again: an emulator without server-side timeouts
   cannot hold it forever, and a stop request (a cancelled start) is seen within that time.
-- ``owned_pods``: the pods of one instance. The label selector goes to the server, and the
-  labels are checked again here (the emulator the tests use ignores selectors).
+- ``daemon_pods``: the pods of one instance's daemons (``LABEL_DAEMON``). The label selector
+  goes to the server, and the labels are checked again here (the emulator the tests use
+  ignores selectors).
 - ``delete``: a session's Pod, Secret and NetworkPolicy by name (one already gone is fine).
 
 ``api_client`` builds the client from ``[kubernetes]``: in-cluster when the orchestrator runs
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from orchestrator.errors import SandboxError, SandboxStartError
-from orchestrator.sandbox.k8s_manifests import APP_LABEL, LABEL_INSTANCE, SESSION_APP
+from orchestrator.sandbox.k8s_manifests import APP_LABEL, LABEL_DAEMON, LABEL_INSTANCE, SESSION_APP
 from orchestrator.settings import KubernetesSettings
 
 __all__ = ["WATCH_IDLE_S", "K8sApi", "api_client"]
@@ -168,9 +169,9 @@ class K8sApi:
                 continue  # no event for watch_idle_s (or the stream broke): watch again
         return last
 
-    def owned_pods(self, instance: str) -> list[dict[str, Any]]:
-        """Session pods of ``instance`` in the namespace (labels checked here as well)."""
-        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance}"
+    def daemon_pods(self, instance: str) -> list[dict[str, Any]]:
+        """Session pods of ``instance``'s daemons in the namespace (labels checked here too)."""
+        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance},{LABEL_DAEMON}=true"
         self._count("list")
         try:
             listed = self.core.list_namespaced_pod(
@@ -203,4 +204,8 @@ class K8sApi:
 
 def _has_labels(pod: Mapping[str, Any], instance: str) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(APP_LABEL) == SESSION_APP and labels.get(LABEL_INSTANCE) == instance)
+    return (
+        labels.get(APP_LABEL) == SESSION_APP
+        and labels.get(LABEL_INSTANCE) == instance
+        and labels.get(LABEL_DAEMON) == "true"
+    )

@@ -12,8 +12,8 @@ built.) A pod that fails once it ran is ``KernelDied`` with its one line.
 
 ``stop`` deletes the pod, its Secret and its policy. Every object carries the ownership
 labels (``prime-agent/instance``, ``/session``): a restarted orchestrator ``adopt``s a pod it
-recorded (the same kernel, the namespace kept) and ``remove_unknown`` deletes the pods of its
-instance that it recorded nowhere.
+recorded (the same kernel, the namespace kept) and ``remove_unknown`` deletes the daemon pods
+(``prime-agent/daemon``) of its instance that it recorded nowhere.
 
 Not here yet: the warm pool (``pool_size``), the workspace's contents (the pod's workspace is
 an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
@@ -469,7 +469,7 @@ class KubernetesBackend(SandboxBackend):
 
     async def remove_unknown(self, known: set[str]) -> int:
         mine = {sandbox.name for sandbox in self._owned}
-        pods = await asyncio.to_thread(self.api.owned_pods, self.instance)
+        pods = await asyncio.to_thread(self.api.daemon_pods, self.instance)
         unknown = [pod["metadata"] for pod in pods if pod["metadata"]["name"] not in known | mine]
         for metadata in unknown:
             await asyncio.to_thread(self.api.delete, metadata["name"])
