@@ -11,6 +11,8 @@ created there and plays the kubelet for each.
   ``Unschedulable``, as a scheduler writes it when no node fits.
 - ``mode="no-image"``: the pod stays Pending, its container waiting in ``ImagePullBackOff``,
   as a kubelet writes it when the image cannot be pulled.
+- ``mode="evicted"``: the pod Failed, reason ``Evicted``, as the kubelet of a node under
+  pressure writes it.
 - ``mode="pending"``: nothing is written; the pod stays as created (an image still pulling).
 
 ``seen`` is set when the node has seen a pod created.
@@ -54,6 +56,7 @@ READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its 
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
 UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
 PULL_MESSAGE: Final = 'Back-off pulling image "prime-agent/session:latest"'
+EVICTED_MESSAGE: Final = "The node was low on resource: ephemeral-storage."
 # The status each failing mode writes (what a scheduler or kubelet would).
 FAILED_STATUS: Final[dict[str, dict[str, Any]]] = {
     "unschedulable": {
@@ -81,8 +84,9 @@ FAILED_STATUS: Final[dict[str, dict[str, Any]]] = {
             }
         ],
     },
+    "evicted": {"phase": "Failed", "reason": "Evicted", "message": EVICTED_MESSAGE},
 }
-NodeMode = Literal["run", "unschedulable", "no-image", "pending"]
+NodeMode = Literal["run", "unschedulable", "no-image", "evicted", "pending"]
 
 
 @dataclass

@@ -24,6 +24,7 @@ from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
 from tests.helpers import need, wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
+    EVICTED_MESSAGE,
     NAMESPACE,
     PULL_MESSAGE,
     UNSCHEDULABLE_MESSAGE,
@@ -171,6 +172,7 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             "no-image",
             f"cannot pull its image prime-agent/session:latest (ImagePullBackOff): {PULL_MESSAGE}",
         ),
+        ("evicted", f"was evicted: {EVICTED_MESSAGE}"),
     ],
 )
 async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_nothing(
