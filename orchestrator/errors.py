@@ -39,18 +39,20 @@ drawing against the classes)::
     │   ├── DaemonUnresponsive       (api) + UserError
     │   ├── DaemonAlreadyRunning     (api) + UserError
     │   └── SocketPathError          (api) + UserError
-    └── HarnessError                 .code: a host wire code
-        ├── HarnessInvalid           invalid_argument
-        ├── HarnessNotFound          not_found
-        ├── HarnessConflict          conflict
-        └── HarnessQuota             quota_exceeded
+    ├── HarnessError                 .code: a host wire code
+    │   ├── HarnessInvalid           invalid_argument
+    │   ├── HarnessNotFound          not_found
+    │   ├── HarnessConflict          conflict
+    │   └── HarnessQuota             quota_exceeded
+    └── McpError                     .code: a host wire code (an MCP server or call failed)
 
 Wire codes: each code the daemon sends on the control socket
 (``orchestrator.api.wire.ERROR_CODES``) maps to the ``ApiError`` class a client raises
 (``orchestrator.api.errors.WIRE_ERROR_CLASSES``). Each host-request code a kernel receives
 (``orchestrator.runtime.wire.ERROR_CODES``) maps to the kernel's own exception class
 (``orchestrator.runtime.errors.ERROR_CLASSES``, stdlib only, not part of this tree); the
-``.code`` of ``HarnessError`` and ``GoalError`` is one of those codes, passed on unchanged.
+``.code`` of ``HarnessError``, ``GoalError`` and ``McpError`` is one of those codes, passed on
+unchanged.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ __all__ = [
     "HarnessQuota",
     "IllegalTransition",
     "KernelDied",
+    "McpError",
     "MissingCredentials",
     "ModelError",
     "ModelNotFound",
@@ -281,3 +284,15 @@ class GoalError(UserError):
         super().__init__(message)
         if code is not None:
             self.code = code
+
+
+class McpError(PrimeAgentError):
+    """An MCP server is down, a call to it failed or ran out of time (docs/mcp.md). ``code``
+    is the host wire code the kernel gets (``mcp_unavailable``, ``mcp_tool_error``,
+    ``mcp_timeout``, ``not_found``, ``invalid_argument``); ``retry_after``: seconds until a
+    restarting server is tried again, or None."""
+
+    def __init__(self, code: str, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retry_after = retry_after

@@ -27,6 +27,8 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.mcp_config import McpServerConfig
+
 __all__ = [
     "MAX_PROMPT_CHARS",
     "MODEL_SPEC_VERSION",
@@ -143,6 +145,9 @@ class StoredRunSettings(_Spec):
     append_system_prompt: str | None = Field(
         default=None, min_length=1, max_length=MAX_PROMPT_CHARS
     )
+    # MCP servers the run brought (``--mcp-config``, an ACP client's ``session/new``): the
+    # family's own, run by the orchestrator beside the config's (docs/mcp.md).
+    mcp_servers: dict[str, McpServerConfig] | None = None
     # --skill PATH: skill directories (or directories of skills) the family sees after the
     # project's and the user's (absolute host paths; docs/harness.md, "Skills").
     skill_paths: (
@@ -164,4 +169,5 @@ class StoredRunSettings(_Spec):
             self.append_system_prompt,
             self.skill_paths or None,
         )
-        return not chose_compaction and all(value is None for value in scalars)
+        chose_mcp = bool(self.mcp_servers)
+        return not chose_compaction and not chose_mcp and all(v is None for v in scalars)

@@ -41,6 +41,15 @@ The config file is ``$XDG_CONFIG_HOME/prime-agent/config.toml``::
     runtime_class = "gvisor"                 # optional: gVisor, Kata
     gpus = 0                                 # nvidia.com/gpu per session pod
 
+    [mcp.servers.search]                     # docs/mcp.md: run on the host, never sandboxed
+    command = "uvx"                          # a stdio server: command, args, env
+    args = ["my-search-server"]
+    env = { API_KEY = "..." }
+
+    [mcp.servers.docs]                       # a streamable-HTTP server: url, headers
+    url = "https://mcp.example/mcp"
+    headers = { Authorization = "Bearer ..." }
+
     [nats]                                   # optional: an external server (docs/bus.md)
     url = "nats://nats.example:4222"
     account = "A..."                         # the account's public key
@@ -54,9 +63,10 @@ import tomllib
 from pathlib import Path
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError
+from orchestrator.mcp_config import McpServerConfig, named_servers
 from orchestrator.model_names import EMBEDDED_MODEL_NAME
 
 __all__ = [
@@ -97,6 +107,7 @@ __all__ = [
     "EmbeddedVariant",
     "HarnessSettings",
     "KubernetesSettings",
+    "McpSettings",
     "ModelConfig",
     "NatsSettings",
     "ProviderLimitsConfig",
@@ -288,6 +299,23 @@ class NatsSettings(_Strict):
     session_credentials_ttl_s: float = Field(default=NATS_SESSION_CREDENTIALS_TTL_S, gt=0)
 
 
+class McpSettings(_Strict):
+    """``[mcp.servers.NAME]``: MCP servers every session gets as ``mcp.NAME`` (docs/mcp.md)."""
+
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        """By the names the kernel reads them by (``my-server`` is ``mcp.my_server``)."""
+        if isinstance(value, dict):
+            try:
+                return named_servers(value, "[mcp.servers]")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+
 class Settings(_Strict):
     default_model: str | None = None
     models: dict[str, ModelConfig] = Field(default_factory=dict)
@@ -299,6 +327,7 @@ class Settings(_Strict):
     daemon: DaemonSettings = Field(default_factory=DaemonSettings)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     cell_timeout_s: float = Field(default=CELL_TIMEOUT_DEFAULT_S, gt=0)
     cell_timeout_ceiling_s: float = Field(default=CELL_TIMEOUT_CEILING_S, gt=0)
     interrupt_grace_s: float = Field(default=INTERRUPT_GRACE_S, gt=0)

@@ -166,6 +166,9 @@ class AgentLoop:
         # is being compacted (the scheduler defers heartbeats then; docs/control.md).
         self.activity: Literal["idle", "turn", "cell", "compacting"] = "idle"
         self._repeats = RepeatGuard()  # this turn's run of repeated calls (agent/stuck.py)
+        # When the running cell times out (time.monotonic()), None between cells: host
+        # requests that may be slow (an MCP call, docs/mcp.md) end before it.
+        self.cell_deadline: float | None = None
         self.compactor = Compactor(
             settings=settings.compaction,
             context=context,
@@ -509,19 +512,23 @@ class AgentLoop:
         started = time.monotonic()
         try:
             sandbox = await self.get_sandbox()
-            result = await sandbox.execute(
-                parsed.code,
-                timeout_s=parsed.timeout_s,
-                cell_id=call.id,
-                on_output=lambda stream, text: self._emit(
-                    {
-                        "type": "tool_output",
-                        "tool_call_id": call.id,
-                        "stream": stream,
-                        "delta": text,
-                    }
-                ),
-            )
+            self.cell_deadline = time.monotonic() + parsed.timeout_s
+            try:
+                result = await sandbox.execute(
+                    parsed.code,
+                    timeout_s=parsed.timeout_s,
+                    cell_id=call.id,
+                    on_output=lambda stream, text: self._emit(
+                        {
+                            "type": "tool_output",
+                            "tool_call_id": call.id,
+                            "stream": stream,
+                            "delta": text,
+                        }
+                    ),
+                )
+            finally:
+                self.cell_deadline = None
         except asyncio.CancelledError:
             await asyncio.shield(self._abort_cell(call, started))
             raise

@@ -1,22 +1,25 @@
 """The base system prompt: an immutable, versioned constant (docs/spec.md §6).
 
-Later sections (Continual Harness notes, skills, environment facts) are appended *after* the
-base text so a change there never alters the cache-stable prefix.
+Later sections (Continual Harness notes, skills, MCP servers, environment facts) are appended
+*after* the base text so a change there never alters the cache-stable prefix.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import platform
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Final, Literal
 
 __all__ = [
     "BASE_PROMPT_VERSION",
     "FENCED_TURN_REMINDER",
     "IPYTHON_TOOL",
+    "MCP_SECTION_HEAD",
     "EnvironmentFacts",
     "build_system_prompt",
+    "mcp_prompt_section",
 ]
 
 BASE_PROMPT_VERSION = 1
@@ -131,11 +134,48 @@ class EnvironmentFacts:
         )
 
 
+MCP_LINE_MAX_CHARS: Final = 160  # one tool's line in the prompt: name, arguments, description
+MCP_SECTION_HEAD: Final = (
+    "\n# MCP servers\n"
+    "Each server is a module in the REPL, run on the host: "
+    "`await mcp.NAME.TOOL(arg=...)` calls a tool (keyword arguments only); "
+    "`help(mcp.NAME)` shows every argument, resource and prompt.\n"
+)
+
+
+def mcp_prompt_section(servers: Sequence[Mapping[str, Any]]) -> str:
+    """The servers and their tools, one line each (``mcp.list`` entries; docs/mcp.md)."""
+    if not servers:
+        return ""
+    lines = [MCP_SECTION_HEAD]
+    for server in servers:
+        name = server.get("name")
+        state = server.get("state")
+        extra = "" if state == "ready" else f" ({state}: try again later)"
+        lines.append(f"- mcp.{name}{extra}\n")
+        for tool in server.get("tools") or []:
+            schema = tool.get("input_schema") or {}
+            props = schema.get("properties") or {}
+            required = set(schema.get("required") or [])
+            params = ", ".join(p if p in required else f"{p}=…" for p in props)
+            about = str(tool.get("description") or "").strip().split("\n", 1)[0]
+            line = f"  - {tool.get('name')}({params}): {about}"
+            if len(line) > MCP_LINE_MAX_CHARS:
+                line = line[: MCP_LINE_MAX_CHARS - 1] + "…"
+            lines.append(line + "\n")
+        for extra_kind in ("resources", "prompts"):
+            count = len(server.get(extra_kind) or [])
+            if count:
+                lines.append(f"  - {count} {extra_kind}: see help(mcp.{name})\n")
+    return "".join(lines)
+
+
 def build_system_prompt(
     facts: EnvironmentFacts,
     *,
     tool_protocol: Literal["native", "fenced"],
     harness_section: str = "",
+    mcp_section: str = "",
     base: str | None = None,
     appended: str | None = None,
 ) -> str:
@@ -148,6 +188,8 @@ def build_system_prompt(
         parts = [_COMPACT if tool_protocol == "fenced" else _BASE]
     if harness_section:
         parts.append("\n" + harness_section.strip() + "\n")
+    if mcp_section:
+        parts.append(mcp_section)
     parts.append(facts.render())
     if appended:
         parts.append("\n" + appended.strip() + "\n")

@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from orchestrator.api.messages import AnyServerMessage
 from orchestrator.api.wire import WAIT_QUIET_DEFAULT_S
+from orchestrator.errors import ConfigError
+from orchestrator.mcp_config import McpServerConfig, named_servers
 
 __all__ = [
     "COMMAND_TYPES",
@@ -275,6 +277,20 @@ class SessionSettings(_ClientModel):
     append_system_prompt: str | None = Field(
         default=None, min_length=1, max_length=MAX_PROMPT_CHARS
     )
+    # --mcp-config, an ACP client's session/new mcpServers: the family's own MCP servers,
+    # run by the daemon (docs/mcp.md); by the names the kernel reads them by.
+    mcp_servers: dict[str, McpServerConfig] | None = None
+
+    @field_validator("mcp_servers", mode="before")
+    @classmethod
+    def _server_names(cls, value: object) -> object:
+        if isinstance(value, dict):
+            try:
+                return named_servers(value, "settings.mcp_servers")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
     # --skill PATH (repeatable): absolute paths of skills the family sees (docs/harness.md).
     skill_paths: (
         list[Annotated[str, Field(min_length=1, max_length=MAX_SKILL_PATH_CHARS)]] | None

@@ -47,6 +47,7 @@ from orchestrator.runtime.wire import (
     HOST_REQUEST_TIMEOUT_S,
     HOST_SUBJECT_PREFIX,
     MAX_REQUEST_BYTES,
+    REQUEST_TIMEOUTS_S,
     inbox_prefix,
 )
 
@@ -329,7 +330,9 @@ class HostRouter:
         handler = self._handlers.get(request.type)
         if handler is None:
             return _error_reply("unknown_request", f"unknown request type {request.type!r}"), True
-        deadline = asyncio.timeout(self._handler_timeout_s)
+        # A request type that may take longer (an MCP tool call) has its own bound.
+        limit_s = max(self._handler_timeout_s, REQUEST_TIMEOUTS_S.get(request.type, 0.0))
+        deadline = asyncio.timeout(limit_s)
         try:
             async with deadline:
                 result = await handler(session_id, request.args)
@@ -341,9 +344,7 @@ class HostRouter:
                 return self._internal_error(session_id, request.type, "TimeoutError"), True
             self._internal += 1
             log.error("host handler %s for %s timed out", request.type, session_id)
-            return _error_reply(
-                "internal", f"{request.type} did not finish in {self._handler_timeout_s:g} s"
-            ), True
+            return _error_reply("internal", f"{request.type} did not finish in {limit_s:g} s"), True
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

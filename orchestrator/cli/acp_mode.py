@@ -177,6 +177,7 @@ class PrimeAgentAcp:
         from acp import PROTOCOL_VERSION
         from acp.schema import InitializeResponse
 
+        from orchestrator.cli.acp_mcp import ACP_MCP_CAPABILITIES
         from orchestrator.cli.first_word import version_line
 
         return InitializeResponse.model_validate(
@@ -186,6 +187,7 @@ class PrimeAgentAcp:
                     "loadSession": False,
                     "promptCapabilities": {"image": False, "embeddedContext": True},
                     "sessionCapabilities": {"close": {}},
+                    "mcpCapabilities": ACP_MCP_CAPABILITIES,
                 },
                 "agentInfo": {
                     "name": AGENT_NAME,
@@ -196,9 +198,12 @@ class PrimeAgentAcp:
             }
         )
 
-    async def new_session(self, cwd: str, **_: Any) -> Any:
+    async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **_: Any) -> Any:
         from acp import RequestError
         from acp.schema import NewSessionResponse
+
+        from orchestrator.cli.acp_mcp import acp_mcp_servers, merged_mcp_servers
+        from orchestrator.errors import UserError
 
         if self._session is not None:
             raise RequestError.invalid_request(
@@ -207,6 +212,10 @@ class PrimeAgentAcp:
                     "start another prime-agent process for a second session"
                 }
             )
+        try:  # the client's MCP servers: run by the daemon for this session (docs/mcp.md)
+            settings = merged_mcp_servers(self.options.settings, acp_mcp_servers(mcp_servers))
+        except UserError as exc:
+            raise RequestError.invalid_params({"message": str(exc)}) from None
         control = await self._connect()
         options = self.options
         created = await control.call(
@@ -214,7 +223,7 @@ class PrimeAgentAcp:
             cwd=str(Path(cwd).expanduser().resolve()),
             model=options.model,
             api_base=options.api_base,
-            settings=dict(options.settings) if options.settings else None,
+            settings=settings,
             autonomous=dict(options.autonomous) if options.autonomous is not None else None,
             client_env=dict(options.client_env) or None,
         )

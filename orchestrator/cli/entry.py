@@ -47,6 +47,7 @@ _VALUED: Final[dict[str, tuple[str, frozenset[str] | None]]] = {
     "--max-turns": ("max_turns", None),
     "--system-prompt": ("system_prompt", None),
     "--append-system-prompt": ("append_system_prompt", None),
+    "--mcp-config": ("mcp_config", None),
 }
 
 
@@ -69,6 +70,7 @@ class PlainRun:
     max_turns: str | None = None
     system_prompt: str | None = None
     append_system_prompt: str | None = None
+    mcp_config: str | None = None
 
 
 def parse_plain_run(args: list[str], environ: dict[str, str] | None = None) -> PlainRun | None:
@@ -148,6 +150,7 @@ def _run_plain(run: PlainRun, args: list[str]) -> NoReturn:
             int(run.max_turns) if run.max_turns is not None else None,
             run.system_prompt,
             run.append_system_prompt,
+            mcp_config=run.mcp_config,
         ),
         debug=run.debug,
     )

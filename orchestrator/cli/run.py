@@ -151,6 +151,13 @@ def run(
             "--append-system-prompt", help="Text (or a file) added to the end of the system prompt."
         ),
     ] = None,
+    mcp_config: Annotated[
+        str | None,
+        typer.Option(
+            "--mcp-config",
+            help='MCP servers for this run: a JSON file {"mcpServers": {...}} (docs/mcp.md).',
+        ),
+    ] = None,
     provider: Annotated[
         str | None,
         typer.Option(
@@ -178,7 +185,7 @@ def run(
 ) -> None:
     choices = guarded(
         lambda: SessionChoices.from_flags(
-            max_turn_steps, system_prompt, append_system_prompt, skills or ()
+            max_turn_steps, system_prompt, append_system_prompt, skills or (), mcp_config
         ),
         debug=debug,
     )

@@ -2,7 +2,8 @@
 calls per user prompt), ``--system-prompt TEXT`` (instead of the built-in base prompt),
 ``--append-system-prompt TEXT`` (after it) and ``--skill PATH`` (repeatable: a skill's
 directory, its SKILL.md, or a directory of skills, added for the family). A prompt value naming
-an existing file is read from it, as Prime Agent's flags are.
+an existing file is read from it, as Prime Agent's flags are. ``--mcp-config FILE``: MCP
+servers for the run's family (docs/mcp.md).
 
 They travel as ``SessionSettings`` fields to the daemon (stored with the session, so a wake or
 another daemon keeps them) or as ``StoredRunSettings`` to an in-process run; the system
@@ -22,7 +23,7 @@ from orchestrator.errors import UserError
 if TYPE_CHECKING:
     from orchestrator.session_specs import StoredRunSettings
 
-__all__ = ["SKILL_FILE", "SessionChoices", "prompt_text", "skill_path"]
+__all__ = ["SKILL_FILE", "SessionChoices", "mcp_servers_of", "prompt_text", "skill_path"]
 
 SKILL_FILE = "SKILL.md"  # harness/skills.py's SKILL_FILE_NAME (the lean client imports no yaml)
 
@@ -39,6 +40,20 @@ def prompt_text(value: str | None, flag: str) -> str | None:
     if not text.strip():
         raise UserError(f"{flag} is empty")
     return text
+
+
+def mcp_servers_of(path: str | None) -> dict[str, Any] | None:
+    """``--mcp-config FILE`` (Claude Code's ``{"mcpServers": {...}}``) as plain JSON servers by
+    the names the kernel reads them by; checked here, so a bad file is one line now."""
+    if path is None:
+        return None
+    from orchestrator.mcp_config import load_mcp_config_file
+
+    servers = load_mcp_config_file(Path(path).expanduser())
+    return {
+        name: config.model_dump(mode="json", exclude_defaults=True)
+        for name, config in servers.items()
+    }
 
 
 def skill_path(value: str) -> str:
@@ -61,6 +76,7 @@ class SessionChoices:
     system_prompt: str | None = None
     append_system_prompt: str | None = None
     skill_paths: tuple[str, ...] = ()
+    mcp_servers: dict[str, Any] | None = None  # --mcp-config (docs/mcp.md)
 
     @classmethod
     def from_flags(
@@ -69,6 +85,7 @@ class SessionChoices:
         system_prompt: str | None,
         append_system_prompt: str | None,
         skills: Sequence[str] = (),
+        mcp_config: str | None = None,
     ) -> SessionChoices:
         if max_turns is not None and max_turns < 1:
             raise UserError("--max-turns must be at least 1")
@@ -77,6 +94,7 @@ class SessionChoices:
             system_prompt=prompt_text(system_prompt, "--system-prompt"),
             append_system_prompt=prompt_text(append_system_prompt, "--append-system-prompt"),
             skill_paths=tuple(dict.fromkeys(skill_path(value) for value in skills)),
+            mcp_servers=mcp_servers_of(mcp_config),
         )
 
     def fields(self) -> dict[str, Any]:
@@ -85,6 +103,7 @@ class SessionChoices:
             "system_prompt": self.system_prompt,
             "append_system_prompt": self.append_system_prompt,
             "skill_paths": list(self.skill_paths) or None,
+            "mcp_servers": self.mcp_servers or None,
         }
         return {k: v for k, v in chosen.items() if v is not None}
 

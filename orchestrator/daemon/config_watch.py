@@ -5,9 +5,10 @@ A daemon reads config.toml when it starts, and used to keep that copy: an edit (
 the daemon, and nobody was told. ``ConfigWatch.current`` re-reads the file when its size or
 modification time changed: new sessions resolve their model, budget and refine default from it.
 What belongs to the daemon itself — ``[sandbox]`` (its backends), ``[nats]``, ``[daemon]``,
-``[embedded]`` — only changes with a restart; ``current`` names those sections when they differ,
-so the client can say so in one line. A file that no longer parses is a one-line ``ConfigError``
-for the command, and the daemon keeps serving.
+``[embedded]``, ``[mcp]`` (the MCP servers it runs) — only changes with a restart;
+``current`` names those sections when they differ, so the client can say so in one line. A
+file that no longer parses is a one-line ``ConfigError`` for the command, and the daemon keeps
+serving.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from orchestrator.settings import Settings, load_settings
 __all__ = ["DAEMON_SECTIONS", "ConfigWatch", "restart_notice"]
 
 # Sections a running daemon built its parts from: they apply after `prime-agent daemon restart`.
-DAEMON_SECTIONS: Final = ("sandbox", "nats", "daemon", "embedded")
+DAEMON_SECTIONS: Final = ("sandbox", "nats", "daemon", "embedded", "mcp")
 
 _Stamp = tuple[int, int] | None
 

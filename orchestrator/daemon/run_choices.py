@@ -72,6 +72,7 @@ def stored_run_settings(chosen: SessionSettings | None) -> StoredRunSettings | N
         max_turn_steps=chosen.max_turn_steps,
         system_prompt=chosen.system_prompt,
         append_system_prompt=chosen.append_system_prompt,
+        mcp_servers=chosen.mcp_servers,
         skill_paths=chosen.skill_paths,
     )
     return None if stored.empty else stored

@@ -15,8 +15,9 @@ What the extension installs:
 - ``edit(path, old, new)``: exact single-occurrence replace that returns a unified diff; it can
   be called plainly or awaited.
 - ``rlm`` (with ``rlm.harness``), ``agent_message``, ``agent_observe``, ``history``,
-  ``compact``, ``refine``: host requests over NATS (``rlm.py``, ``harness.py``,
-  ``messaging.py``, ``history.py``, ``refine.py``, ``host.py``; docs/runtime.md). They
+  ``compact``, ``refine``, ``mcp``: host requests over NATS (``rlm.py``, ``harness.py``,
+  ``messaging.py``, ``history.py``, ``refine.py``, ``mcp.py``, ``host.py``; docs/runtime.md,
+  docs/mcp.md). They
   are pushed as lazy stand-ins: the first use imports the real object and puts it in the
   namespace in the stand-in's place, so a kernel start pays for none of it (and ``nats`` is
   imported only by the first request).
@@ -57,6 +58,7 @@ RUNTIME_NAMES = (
     "refine",
     "goal",
     "rlm_heartbeat",
+    "mcp",
 )
 # Name -> (module, attribute) of the helpers pushed as lazy stand-ins.
 LAZY_HELPERS = {
@@ -68,6 +70,7 @@ LAZY_HELPERS = {
     "refine": ("orchestrator.runtime.refine", "refine"),
     "goal": ("orchestrator.runtime.goal", "goal"),
     "rlm_heartbeat": ("orchestrator.runtime.heartbeat", "rlm_heartbeat"),
+    "mcp": ("orchestrator.runtime.mcp", "mcp"),
 }
 # ipykernel's shell init asks every subprocess for colour (TERM=xterm-color, FORCE_COLOR=1,
 # CLICOLOR_FORCE=1); the model reads plain text, and escape codes only cost tokens.
@@ -122,6 +125,12 @@ class _LazyHelper:
 
     def __repr__(self) -> str:
         return repr(self._resolve())
+
+    def __iter__(self) -> Any:
+        return iter(self._resolve())
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._resolve()[key]
 
     def __dir__(self) -> list[str]:
         return dir(self._resolve())

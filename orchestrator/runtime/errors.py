@@ -33,6 +33,9 @@ __all__ = [
     "HostUnavailable",
     "InternalHostError",
     "InvalidArgument",
+    "McpTimeout",
+    "McpToolError",
+    "McpUnavailable",
     "ModelUnavailable",
     "NotFamily",
     "NotFound",
@@ -171,6 +174,25 @@ class Conflict(HostError):
     default_code = "conflict"
 
 
+class McpUnavailable(HostError):
+    """The MCP server is down: it crashed and is being restarted (see ``retry_after``), or it
+    never started (its error says why). Nothing was run."""
+
+    default_code = "mcp_unavailable"
+
+
+class McpToolError(HostError):
+    """The MCP tool ran and reported an error; the message is the tool's own text."""
+
+    default_code = "mcp_tool_error"
+
+
+class McpTimeout(HostError, TimeoutError):
+    """The MCP server did not answer within the call's timeout (the call was cancelled)."""
+
+    default_code = "mcp_timeout"
+
+
 class InternalHostError(HostError):
     """The orchestrator failed (or sent a reply the runtime cannot read)."""
 
@@ -226,6 +248,9 @@ ERROR_CLASSES: dict[str, type[HostError]] = {
     "rate_limited": RateLimited,
     "model_unavailable": ModelUnavailable,
     "conflict": Conflict,
+    "mcp_unavailable": McpUnavailable,
+    "mcp_tool_error": McpToolError,
+    "mcp_timeout": McpTimeout,
     "internal": InternalHostError,
     TIMEOUT_CODE: HostTimeout,
     UNAVAILABLE_CODE: HostUnavailable,

@@ -37,9 +37,13 @@ __all__ = [
     "HOST_SUBJECT_PREFIX",
     "INBOX_PREFIX",
     "MAX_REQUEST_BYTES",
+    "MCP_CALL_TIMEOUT_MAX_S",
+    "MCP_CALL_TIMEOUT_S",
+    "MCP_REQUEST_TYPES",
     "PROTOCOL_VERSION",
     "REPL_CONTEXT_FILE_ENV",
     "REPL_CONTEXT_VARIABLE",
+    "REQUEST_TIMEOUTS_S",
     "REQUEST_TYPES",
     "host_subject",
     "inbox_prefix",
@@ -105,8 +109,26 @@ REQUEST_TYPES: Final = frozenset(
         "rlm_heartbeat.list",
         "rlm_heartbeat.update",
         "rlm_heartbeat.delete",
+        # docs/mcp.md: MCP servers the orchestrator runs on the host
+        "mcp.list",
+        "mcp.call_tool",
+        "mcp.read_resource",
+        "mcp.get_prompt",
+        "mcp.cancel",
     }
 )
+
+# MCP calls (docs/mcp.md): a tool may run far longer than the 30 s host-request default. The
+# kernel waits MCP_CALL_TIMEOUT_S unless told otherwise (the cell's own timeout interrupts it
+# sooner, and the kernel then sends ``mcp.cancel``); the host answers within the timeout the
+# call carries, at most MCP_CALL_TIMEOUT_MAX_S.
+MCP_CALL_TIMEOUT_S: Final = 600.0
+MCP_CALL_TIMEOUT_MAX_S: Final = 3600.0
+MCP_REQUEST_TYPES: Final = frozenset({"mcp.call_tool", "mcp.read_resource", "mcp.get_prompt"})
+# Request types whose handler may run longer than HOST_REQUEST_TIMEOUT_S (the router's bound).
+REQUEST_TIMEOUTS_S: Final = {
+    request_type: MCP_CALL_TIMEOUT_MAX_S for request_type in MCP_REQUEST_TYPES
+}
 
 # code -> meaning. The runtime maps each to an exception class (``runtime/errors.py``
 # ``ERROR_CLASSES``); the host refuses any other code (``bus/router.py`` ``HostRequestError``).
@@ -121,6 +143,9 @@ ERROR_CODES: Final = {
     "rate_limited": "too many messages per second to one target (see retry_after)",
     "model_unavailable": "the requested model cannot be used with current credentials",
     "conflict": "the harness entry changed since the version the write was based on",
+    "mcp_unavailable": "the MCP server is down (crashed, restarting or not started)",
+    "mcp_tool_error": "the MCP tool ran and reported an error",
+    "mcp_timeout": "the MCP server did not answer within the call's timeout",
     "internal": "the orchestrator failed; the message says how",
 }
 

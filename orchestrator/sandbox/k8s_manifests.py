@@ -37,6 +37,7 @@ from orchestrator.sandbox.confined import (
 from orchestrator.sandbox.docker_run import CONTAINER_PYTHON
 from orchestrator.sandbox.docker_user import SANDBOX_UID
 from orchestrator.sandbox.images import resolve_image
+from orchestrator.sandbox.k8s_hardening import container_security, pod_security
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import PROCESS_STOP_GRACE_S, KubernetesSettings
 
@@ -264,16 +265,7 @@ def session_pod(request: SessionPod, settings: KubernetesSettings) -> dict[str, 
             "failureThreshold": READINESS_FAILURES,
         },
         "resources": _resources(policy, settings),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SANDBOX_UID,
-            "runAsGroup": SANDBOX_UID,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security(SANDBOX_UID),
         "volumeMounts": _mounts(request),
     }
     pod_spec: dict[str, Any] = {
@@ -283,13 +275,8 @@ def session_pod(request: SessionPod, settings: KubernetesSettings) -> dict[str, 
         "enableServiceLinks": False,
         "hostname": POD_HOSTNAME,
         "terminationGracePeriodSeconds": round(PROCESS_STOP_GRACE_S),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SANDBOX_UID,
-            "runAsGroup": SANDBOX_UID,
-            "fsGroup": SANDBOX_UID,  # the Secret's files and the emptyDirs are the group's
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # the Secret's files and the emptyDirs are the group's
+        "securityContext": pod_security(SANDBOX_UID),
         "containers": [container],
         "volumes": _volumes(request, settings),
     }

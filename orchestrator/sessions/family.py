@@ -30,6 +30,7 @@ from orchestrator.sessions.admission import SpawnSlots
 from orchestrator.sessions.history_service import HistoryService
 from orchestrator.sessions.live import Inbound, LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES, Orchestrator, SessionNotLoadable
+from orchestrator.sessions.mcp_service import McpService
 from orchestrator.store.db import SessionRecord
 from orchestrator.store.events import UserMessagePayload
 
@@ -118,6 +119,7 @@ class FamilyService:
         self._query_slots: dict[str, asyncio.Semaphore] = {}
         self._slots = SpawnSlots()  # spawn admissions in progress (sessions/admission.py)
         self._undoing: set[asyncio.Task[None]] = set()  # failed spawns being cleaned up
+        self.mcp = McpService(orch)
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -138,6 +140,7 @@ class FamilyService:
             # goal.* and rlm_heartbeat.* (docs/control.md)
             **GoalService(self.orch).handlers(),
             **ScheduleService(self.orch).handlers(),  # harness.*, refine.* (orchestrator/harness)
+            **self.mcp.handlers(),  # mcp.* (docs/mcp.md)
         }
 
     # -- helpers ----------------------------------------------------------------------------

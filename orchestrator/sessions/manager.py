@@ -28,6 +28,7 @@ from orchestrator.control.scheduler import Scheduler
 from orchestrator.errors import PrimeAgentError, SandboxStartError, UserError
 from orchestrator.harness.refine import Refiner
 from orchestrator.ids import new_event_id, new_session_id
+from orchestrator.mcp.hub import McpHub
 from orchestrator.models.client import ModelClient
 from orchestrator.models.openai_stream import close_pools
 from orchestrator.models.registry import (
@@ -105,6 +106,8 @@ CLIENT_ENV_ROOTS_MAX: Final = 4096
 # The recent state changes of every session (``Orchestrator.transitions``), for inspection:
 # the oldest go first once this many are kept.
 RECENT_TRANSITIONS_MAX: Final = 256
+# Under the runtime dir: each MCP server's stderr (docs/mcp.md).
+MCP_LOG_SUBDIR: Final = "mcp"
 # How a print-mode root ends, by its last outcome's reason (``finish_root``); any other reason
 # (a failed run) leaves it inactive: not loaded, and woken by the next message.
 RUN_END_STATES: Final[Mapping[str, SessionStatus]] = {
@@ -212,7 +215,9 @@ class Orchestrator:
         self.sandboxes = SandboxSupervisor(paths, debounce_s=settings.snapshot_debounce_s)
         self.idle = IdleUnloader(self, after_s=settings.idle_unload_after_s)
         # The Continual Harness (docs/harness.md): prompts rebuilt after a change, /refine.
-        self.prompts = PromptBuilder(store, paths, settings)
+        # MCP servers (docs/mcp.md): the config's for every session, a run's for its family.
+        self.mcp = McpHub(settings.mcp.servers, log_dir=paths.runtime_dir / MCP_LOG_SUBDIR)
+        self.prompts = PromptBuilder(store, paths, settings, mcp=self.mcp)
         self.refiner = Refiner(store, outcome_turns=settings.harness.outcome_turns)
         self.goals = Goals(store)  # docs/control.md
         self.autonomy = Autonomy(store)
@@ -348,6 +353,9 @@ class Orchestrator:
 
     def _attach_loop(self, live: LiveSession, context: ContextBuilder) -> None:
         settings = self.settings_of(live.record)
+        chosen = live.record.run_settings
+        if chosen is not None and chosen.mcp_servers:  # the run's own servers, for its family
+            self.mcp.attach(live.record.root_id, chosen.mcp_servers, cwd=live.record.cwd)
         base, appended = run_prompts(live.record)
         live.loop = AgentLoop(
             session_id=live.id,
@@ -936,6 +944,8 @@ class Orchestrator:
         if live.state in ("idle", "running"):  # a completed subagent stays completed
             await self._set_state(live, "inactive", "unload")
         self.sessions.pop(live.id, None)
+        if live.record.parent_id is None:
+            await self.mcp.detach(live.id)  # the family's own MCP servers; a wake restarts them
 
     async def abort_turn(self, live: LiveSession, *, state: SessionStatus | None = None) -> bool:
         """Stop the running turn; the session stays loaded, idle and ready for more input.
@@ -1023,6 +1033,8 @@ class Orchestrator:
             if state == "deleted":  # its queued messages must not wake it at the next start
                 with contextlib.suppress(Exception):
                     await self.bus.purge_messages(live.id)
+        if live.record.parent_id is None and state == "deleted":
+            await self.mcp.detach(live.id)
 
     def _stop_sandbox_later(self, live: LiveSession) -> None:
         task = asyncio.get_running_loop().create_task(
@@ -1086,6 +1098,7 @@ class Orchestrator:
                 log.exception("closing the %s backend failed", name)
         if self._acks:
             await asyncio.wait(set(self._acks), timeout=ACK_DRAIN_TIMEOUT_S)
+        await self.mcp.close()  # every MCP server this orchestrator started
         await close_pools()  # the model connections kept alive for this loop's sessions
 
 

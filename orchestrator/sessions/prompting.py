@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import duckdb
 
-from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt
+from orchestrator.agent.prompts import EnvironmentFacts, build_system_prompt, mcp_prompt_section
 from orchestrator.harness.prompt_section import ENTRIES_PER_KIND, harness_section
 from orchestrator.harness.skills import (
     SkillDiscovery,
@@ -32,6 +32,7 @@ from orchestrator.harness.skills import (
     discover_skills,
     skills_prompt_section,
 )
+from orchestrator.mcp.hub import McpHub
 from orchestrator.paths import Paths
 from orchestrator.sessions.live import LiveSession
 from orchestrator.settings import Settings
@@ -77,7 +78,8 @@ def _read_harness(
 
 
 class PromptBuilder:
-    def __init__(self, store: Store, paths: Paths, settings: Settings):
+    def __init__(self, store: Store, paths: Paths, settings: Settings, mcp: McpHub | None = None):
+        self.mcp = mcp
         self.store = store
         self.paths = paths
         self.settings = settings
@@ -119,11 +121,34 @@ class PromptBuilder:
         """Directories of the Python-backed skills to put on a sandbox's import path."""
         return self.skills(cwd, added).python_dirs()
 
+    async def _mcp_servers(self, owner: str) -> list[dict[str, Any]]:
+        """The MCP servers a family sees, each with its state and catalog (waiting, once,
+        for servers still starting)."""
+        if self.mcp is None:
+            return []
+        servers = self.mcp.servers(owner)
+        if not servers:
+            return []
+        await self.mcp.wait_started(owner)
+        out = []
+        for server in servers.values():
+            status = server.status()
+            out.append(
+                {"name": server.name, "state": status.state, "restarts": status.restarts}
+                | server.catalog
+            )
+        return out
+
     async def build(self, live: LiveSession) -> str:
         rec = live.record
         owners = (GLOBAL_OWNER, rec.root_id)
+        mcp = await self._mcp_servers(rec.root_id)
         key = (
             tuple(self._generation[o] for o in owners),
+            tuple(
+                (s["name"], s["state"], s["restarts"], tuple(t["name"] for t in s["tools"]))
+                for s in mcp
+            ),
             live.model.selector,
             live.model.tool_protocol,
             rec.cwd,
@@ -146,6 +171,7 @@ class PromptBuilder:
             harness_section=SECTION_SEPARATOR.join(
                 part for part in (harness_section(entries, totals), skills) if part
             ),
+            mcp_section=mcp_prompt_section(mcp),
             base=base,
             appended=appended,
         )

@@ -29,6 +29,7 @@ __all__ = [
     "EventType",
     "GateResultPayload",
     "GoalUpdatePayload",
+    "McpCallPayload",
     "ModelChangePayload",
     "NoticePayload",
     "RetryPayload",
@@ -60,6 +61,7 @@ EventType = Literal[
     "autonomous_stop",
     "goal_update",
     "schedule_tick",
+    "mcp_call",
 ]
 
 
@@ -226,6 +228,19 @@ class ScheduleTickPayload(_Payload):
     label: str | None = None
 
 
+class McpCallPayload(_Payload):
+    """A call from the kernel to an MCP server the orchestrator runs (docs/mcp.md): which
+    server, tool, resource or prompt, how it ended and how long it took. Never in context."""
+
+    server: str
+    kind: Literal["tool", "resource", "prompt"]
+    name: str  # the tool, the resource's uri or the prompt
+    status: Literal["ok", "error", "unavailable", "timeout", "cancelled", "refused"]
+    duration_ms: float
+    arguments: str | None = None  # the arguments as JSON, cut at MCP_EVENT_ARGUMENTS_CHARS
+    error: str | None = None
+
+
 class BranchSummaryPayload(_Payload):
     """Recorded at a branch point when the leaf moves back (``prime-agent branch --summary``):
     what the abandoned path did, so the model keeps it (docs/tree.md)."""
@@ -300,6 +315,7 @@ EVENT_PAYLOADS: dict[str, type[BaseModel]] = {
     "autonomous_stop": AutonomousStopPayload,
     "goal_update": GoalUpdatePayload,
     "schedule_tick": ScheduleTickPayload,
+    "mcp_call": McpCallPayload,
     "branch_summary": BranchSummaryPayload,
     "custom": CustomPayload,
     "compaction": CompactionPayload,

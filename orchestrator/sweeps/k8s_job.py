@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from orchestrator.errors import UserError
+from orchestrator.sandbox.k8s_hardening import container_security, pod_security
 from orchestrator.sweeps.shards import MAX_SHARDS
 from orchestrator.sweeps.spec import SweepFile
 from orchestrator.sweeps.suites import PATH_SUITES
@@ -203,16 +204,7 @@ def _pod_spec(request: JobRequest, config_map: str) -> dict[str, Any]:
             "requests": {"cpu": CPU_REQUEST, "memory": MEMORY_REQUEST},
             "limits": {"memory": MEMORY_LIMIT},
         },
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": POD_UID,
-            "runAsGroup": POD_UID,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": container_security(POD_UID),
         "volumeMounts": [
             {"name": "sweep-file", "mountPath": SWEEP_FILE_MOUNT, "readOnly": True},
             {"name": "home", "mountPath": HOME_MOUNT},
@@ -228,13 +220,7 @@ def _pod_spec(request: JobRequest, config_map: str) -> dict[str, Any]:
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": POD_UID,
-            "runAsGroup": POD_UID,
-            "fsGroup": POD_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(POD_UID),
         "containers": [container],
         "volumes": [
             {"name": "sweep-file", "configMap": {"name": config_map}},

@@ -117,6 +117,10 @@ class Calls:
         await asyncio.sleep(60)
 
 
+SHORT_DEFAULT_S = 0.2
+LONGER_THAN_DEFAULT_S = 0.6
+
+
 def make_router(nc: NatsClient, calls: Calls, **kwargs: Any) -> HostRouter:
     router = HostRouter(nc, **kwargs)
     router.register("test.echo", calls.echo)
@@ -485,6 +489,30 @@ async def test_slow_handler_times_out_and_close_cancels(
         assert router.statistics().in_flight == 0
         with pytest.raises(nats.errors.TimeoutError):
             await pending
+    finally:
+        await client.nc.close()
+        await router.close()
+
+
+async def test_a_request_type_with_its_own_bound_outlives_the_default(
+    bus: EmbeddedNats, admin: NatsClient
+) -> None:
+    """An MCP call may run longer than the host-request default (wire.REQUEST_TIMEOUTS_S)."""
+
+    async def slow_tool(session_id: str, args: dict[str, Any]) -> Any:
+        await asyncio.sleep(LONGER_THAN_DEFAULT_S)
+        return "finished"
+
+    router = HostRouter(admin, handler_timeout_s=SHORT_DEFAULT_S)
+    router.register("mcp.call_tool", slow_tool)
+    router.register("test.slow", slow_tool)
+    await router.start()
+    client = await session_client(await bus.add_session_user(new_session_id()))
+    try:
+        bounded = await client.request({"type": "mcp.call_tool"})
+        assert bounded.ok and bounded.result == "finished"
+        default = await client.request({"type": "test.slow"})
+        assert default.error is not None and default.error.code == "internal"
     finally:
         await client.nc.close()
         await router.close()

@@ -37,6 +37,9 @@ def test_an_edit_is_seen_and_daemon_sections_are_named(tmp_path: Path) -> None:
     notice = restart_notice(changed, path)
     assert notice is not None and "[sandbox], [nats]" in notice and "daemon restart" in notice
     assert restart_notice([], path) is None
+    # the daemon started its MCP servers from the config it read at start
+    _write(path, path.read_text() + '[mcp.servers.x]\ncommand = "x"\n', 3_000_000)
+    assert watch.current()[1] == ["sandbox", "nats", "mcp"]
 
 
 def test_a_file_that_no_longer_parses_is_a_config_error(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ EXPORTED = [
     "IllegalTransition",
     "KernelDied",
     "KubernetesSettings",
+    "McpError",
     "MissingCredentials",
     "ModelConfig",
     "ModelError",

@@ -20,6 +20,9 @@ from orchestrator.runtime.errors import (
     HostUnavailable,
     InternalHostError,
     InvalidArgument,
+    McpTimeout,
+    McpToolError,
+    McpUnavailable,
     ModelUnavailable,
     NotFamily,
     NotFound,
@@ -97,9 +100,18 @@ def test_every_wire_error_code_has_a_class() -> None:
 def test_every_request_type_is_covered_by_a_helper() -> None:
     import inspect
 
-    from orchestrator.runtime import goal, harness, heartbeat, history, messaging, refine, rlm
+    from orchestrator.runtime import (
+        goal,
+        harness,
+        heartbeat,
+        history,
+        mcp,
+        messaging,
+        refine,
+        rlm,
+    )
 
-    modules = (rlm, messaging, history, harness, refine, goal, heartbeat)
+    modules = (rlm, messaging, history, harness, refine, goal, heartbeat, mcp)
     source = "".join(inspect.getsource(module) for module in modules)
     for request_type in wire.REQUEST_TYPES:
         assert f'"{request_type}"' in source or request_type.split(".")[1] in source
@@ -120,6 +132,9 @@ def test_every_request_type_is_covered_by_a_helper() -> None:
         ("budget_exceeded", BudgetExceeded, RuntimeError),
         ("rate_limited", RateLimited, RuntimeError),
         ("model_unavailable", ModelUnavailable, RuntimeError),
+        ("mcp_unavailable", McpUnavailable, RuntimeError),
+        ("mcp_tool_error", McpToolError, RuntimeError),
+        ("mcp_timeout", McpTimeout, TimeoutError),
         ("internal", InternalHostError, RuntimeError),
         ("timeout", HostTimeout, TimeoutError),
         ("unavailable", HostUnavailable, RuntimeError),

@@ -12,9 +12,15 @@ from pathlib import Path
 
 TUI_DIR = Path(__file__).resolve().parents[2] / "tui"
 ALLOWED_IMPORT = "orchestrator.api"
-# What importing orchestrator.api itself loads: its own modules and two leaf modules it uses
-# (the exception tree and path helpers), none of them the daemon's internals.
-ALLOWED_LOADED = ("orchestrator", "orchestrator.errors", "orchestrator.paths")
+# What importing orchestrator.api itself loads: its own modules and three leaf modules it uses
+# (the exception tree, path helpers, and the shape of an MCP server entry that config.toml,
+# --mcp-config and ACP's session/new share), none of them the daemon's internals.
+ALLOWED_LOADED = (
+    "orchestrator",
+    "orchestrator.errors",
+    "orchestrator.paths",
+    "orchestrator.mcp_config",
+)
 ALLOWED_LOADED_PREFIX = "orchestrator.api"
 
 
