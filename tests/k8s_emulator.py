@@ -37,6 +37,7 @@ from typing import Any, Final, Literal
 import kmock
 from kubernetes import client as k8s
 from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from tests.k8s_docker_kubelet import run_pod
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 NAMESPACE: Final = "prime-agent"
+HTTP_NOT_FOUND: Final = 404
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
@@ -139,7 +141,11 @@ class DockerNode:
                         _request_timeout=(10, WATCH_IDLE_S),
                         deserialize=False,
                     ):
-                        self._handle(core, event["type"], event["object"])
+                        try:
+                            self._handle(core, event["type"], event["object"])
+                        except ApiException as exc:  # deleted while the node started it
+                            if exc.status != HTTP_NOT_FOUND:
+                                raise
                         if self.stop.is_set():
                             break
         finally:

@@ -15,7 +15,11 @@ labels (``prime-agent/instance``, ``/session``): a restarted orchestrator ``adop
 recorded (the same kernel, the namespace kept) and ``remove_unknown`` deletes the daemon pods
 (``prime-agent/daemon``) of its instance that it recorded nowhere.
 
-Not here yet: the warm pool (``pool_size``), the workspace's contents (the pod's workspace is
+A warm pool (``pool_size``, ``[kubernetes] pool_size`` by ``from_settings``) keeps ready pods
+for the workspace path most recently used (a pod's volumes are fixed at creation); a session
+with the backend's default policy and that path takes one (``assign``: its cwd and env).
+
+Not here yet: the workspace's contents (the pod's workspace is
 an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
 this backend yet (``sandbox/choice.py``); it is built in code: ``from_settings`` (the
 cluster of ``[kubernetes]``) or ``KubernetesBackend(K8sApi(...))``.
@@ -27,10 +31,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import tempfile
 import threading
 import time
 from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Final
 
 import httpx
@@ -57,6 +63,7 @@ from orchestrator.sandbox.k8s_manifests import (
     session_objects,
 )
 from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
+from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import (
@@ -82,6 +89,7 @@ DEFAULT_MEMORY_BYTES: Final = SANDBOX_MEMORY_MIB * 1024**2
 POD_START_TIMEOUT_S: Final = SANDBOX_START_TIMEOUT_S * 4
 GATEWAY_POLL_S: Final = 0.05  # the gateway answers within a moment of the pod being Ready
 GATEWAY_PROBE_TIMEOUT_S: Final = 2.0
+POOL_SESSION_ID: Final = "pool"
 
 
 def gateway_url(ip: str, port: int) -> str:
@@ -310,6 +318,19 @@ class KubernetesSandbox(GatewaySandbox):
             ", its running cell was interrupted" if interrupted else "",
         )
 
+    async def assign(self, spec: SandboxSpec) -> None:
+        """Hand an idle pooled pod to a session (same workspace path): its cwd and env are
+        applied in the kernel; the pod keeps its labels (session ``pool``)."""
+        if spec.cwd != self.spec.cwd:
+            raise SandboxError("pooled pod has another workspace")
+        self.spec = spec
+        self.ref = replace(self.ref, session_id=spec.session_id)
+        assert self.client is not None
+        self.client.unreported_restarts = 0
+        await self._setup()
+        if self._recorded is not None:
+            await self._record(self.ref)
+
     # --- Sandbox ----------------------------------------------------------------------------
 
     async def is_alive(self) -> bool:
@@ -341,6 +362,7 @@ class KubernetesSandbox(GatewaySandbox):
             return
         self._stopped = True
         self.backend._owned.discard(self)
+        self.backend._names.discard(self.name)
         await self._teardown()
 
     async def _teardown(self) -> None:
@@ -379,6 +401,8 @@ class KubernetesBackend(SandboxBackend):
         interrupt_grace_s: float = INTERRUPT_GRACE_S,
         output_cap_chars: int = OUTPUT_STREAM_CAP_CHARS,
         start_timeout_s: float = POD_START_TIMEOUT_S,
+        pool_size: int = 0,
+        pool_die_with_parent: bool = True,
     ):
         self.api = api
         self.instance = instance
@@ -397,7 +421,13 @@ class KubernetesBackend(SandboxBackend):
         self.interrupt_grace_s = interrupt_grace_s
         self.output_cap_chars = output_cap_chars
         self.start_timeout_s = start_timeout_s
+        self.pool_size = pool_size
+        self.pool_die_with_parent = pool_die_with_parent
+        self.pool: WarmPool[KubernetesSandbox] | None = None
+        self._pool_cwd: Path | None = None
+        self._retired: list[WarmPool[KubernetesSandbox]] = []
         self._owned: set[KubernetesSandbox] = set()
+        self._names: set[str] = set()  # every pod this object started and has not stopped
         self._closed = False
 
     @classmethod
@@ -420,7 +450,7 @@ class KubernetesBackend(SandboxBackend):
             network=network,
             interrupt_grace_s=settings.interrupt_grace_s,
             output_cap_chars=settings.output_cap_chars,
-            **options,
+            **{"pool_size": k8s.pool_size, **options},
         )
 
     def policy_for(self, spec: SandboxSpec) -> StoredSandboxPolicy:
@@ -440,7 +470,57 @@ class KubernetesBackend(SandboxBackend):
         if self._closed:
             raise SandboxError("backend is closed")
         spec = replace(spec, cwd=spec.cwd.absolute())
+        if self.pool_size > 0:
+            fits = self._pool_fits(spec)
+            pool = self._pool_for(spec.cwd)
+            sandbox = await (pool.acquire(spec) if fits else self._start_cold(spec))
+        else:
+            sandbox = await self._start_cold(spec)
+        self._owned.add(sandbox)
+        return sandbox
+
+    # --- the warm pool: ready pods for the workspace most recently used ---------------------
+
+    def _pool_fits(self, spec: SandboxSpec) -> bool:
+        """A pooled pod was built with this backend's policy and the pool's workspace path
+        (a pod's volumes are fixed at creation)."""
+        idle = replace(spec, image=None, workspace=None, limits=None, network=None)
+        return (
+            self._pool_cwd == spec.cwd
+            and self.policy_for(spec) == self.policy_for(idle)
+            and not spec.mounts
+        )
+
+    def _pool_for(self, cwd: Path) -> WarmPool[KubernetesSandbox]:
+        """The pool for ``cwd``, started; one for another workspace is closed."""
+        if self.pool is not None and self._pool_cwd == cwd:
+            return self.pool
+        if self.pool is not None:
+            self._retired.append(self.pool)
+            asyncio.get_running_loop().create_task(self.pool.close())
+
+        async def start_idle(die_with_parent: bool) -> KubernetesSandbox:
+            idle = SandboxSpec(
+                session_id=POOL_SESSION_ID,
+                cwd=cwd,
+                artifacts_dir=Path(tempfile.gettempdir()),
+                die_with_parent=die_with_parent,
+            )
+            return await self._start_cold(idle)
+
+        self._pool_cwd = cwd
+        self.pool = WarmPool(
+            start_idle,
+            self._start_cold,
+            size=self.pool_size,
+            die_with_parent=self.pool_die_with_parent,
+        )
+        self.pool.start()
+        return self.pool
+
+    async def _start_cold(self, spec: SandboxSpec) -> KubernetesSandbox:
         sandbox = KubernetesSandbox(self, spec, pod_name(spec.session_id))
+        self._names.add(sandbox.name)
         try:
             await sandbox.start()
         except BaseException as exc:
@@ -450,7 +530,6 @@ class KubernetesBackend(SandboxBackend):
             if isinstance(exc, (SandboxError, TimeoutError, OSError)):
                 raise SandboxStartError(f"pod {sandbox.name} did not start: {exc}") from exc
             raise
-        self._owned.add(sandbox)
         return sandbox
 
     async def adopt(self, ref: SandboxRef, spec: SandboxSpec) -> KubernetesSandbox:
@@ -468,7 +547,7 @@ class KubernetesBackend(SandboxBackend):
         await asyncio.to_thread(self.api.delete, ref.ref)
 
     async def remove_unknown(self, known: set[str]) -> int:
-        mine = {sandbox.name for sandbox in self._owned}
+        mine = self._names  # this object's pods, pooled ones included
         pods = await asyncio.to_thread(self.api.daemon_pods, self.instance)
         unknown = [pod["metadata"] for pod in pods if pod["metadata"]["name"] not in known | mine]
         for metadata in unknown:
@@ -479,6 +558,9 @@ class KubernetesBackend(SandboxBackend):
 
     async def close(self) -> None:
         self._closed = True
+        pools = [*self._retired, *([self.pool] if self.pool is not None else [])]
+        for pool in pools:
+            await pool.close()
         owned, self._owned = list(self._owned), set()
         async with asyncio.TaskGroup() as tg:
             for sandbox in owned:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
-from orchestrator.sandbox.base import SandboxRef, SandboxSpec
+from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
@@ -48,6 +49,7 @@ SHORT_START_S: Final = 2.0
 MIB: Final = 1024**2
 POD_MEMORY: Final = 512 * MIB
 SHORT_CELL_S: Final = 1.0
+BIG: Final = ResourceLimits(memory_bytes=1024 * MIB)
 KINDS: Final = ("pods", "secrets", "networkpolicies")
 
 
@@ -85,7 +87,7 @@ async def cluster() -> AsyncIterator[EmulatedCluster]:
 
 
 def backend_for(
-    cluster: EmulatedCluster, *, start_timeout_s: float = START_TIMEOUT_S
+    cluster: EmulatedCluster, *, start_timeout_s: float = START_TIMEOUT_S, pool_size: int = 0
 ) -> KubernetesBackend:
     return KubernetesBackend(
         K8sApi(cluster.api_client(), NAMESPACE, watch_idle_s=WATCH_IDLE_S),
@@ -93,6 +95,7 @@ def backend_for(
         memory_bytes=POD_MEMORY,
         cpus=1.0,
         start_timeout_s=start_timeout_s,
+        pool_size=pool_size,
     )
 
 
@@ -189,6 +192,29 @@ async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_noth
     assert str(raised.value).endswith(words)
     assert "\n" not in str(raised.value)
     assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster, pool_size=1)
+        try:
+            first = await backend.create(spec_for("s-first", tmp_path))  # cold; fills the pool
+            assert backend.pool is not None
+            await backend.pool.wait_ready(START_TIMEOUT_S)
+            (idle,) = cluster.names("pods") - {first.name}
+            spec = replace(spec_for("s-second", tmp_path), env={"PA_TEST_VALUE": "handed"})
+            second = await backend.create(spec)
+            assert second.name == idle and second.ref.session_id == "s-second"
+            assert backend.pool.statistics().hits == 1
+            assert await run(second, "__import__('os').environ['PA_TEST_VALUE']") == "'handed'"
+            other = await backend.create(replace(spec_for("s-big", tmp_path), limits=BIG))
+            assert other.name not in {first.name, idle}  # another policy: a cold start
+        finally:
+            await backend.close()
+    assert not any(cluster.names(kind) for kind in KINDS)  # the refilled pool's pod too
 
 
 async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
