@@ -1,11 +1,13 @@
 """The kubernetes backend end to end, without a cluster: the official client over real HTTP to
 kmock's in-memory API (tests/k8s_emulator.py), and a node that runs each created pod on the
 local Docker Engine and writes its status and IP back (``DockerNode``). create -> Ready ->
-cells that share a namespace -> stop (Pod, Secret, NetworkPolicy deleted, container gone); an
-unschedulable pod is a one-line ``SandboxStartError``; an OOM-killed pod is ``KernelDied``; a
-new backend object adopts a recorded pod and removes one it knows nothing of. What this does
-NOT show: scheduling, probes, NetworkPolicy enforcement, label selectors on a real API server
-(docs/kubernetes.md, "Tests")."""
+cells that share a namespace -> stop (Pod, Secret, NetworkPolicy deleted, container gone); a
+pod that cannot start (unschedulable, no image, evicted, not Ready in time) is a one-line
+``SandboxStartError`` and a cancelled start leaves nothing; an OOM-killed pod is
+``KernelDied``; a new backend object adopts a recorded pod and removes a daemon pod it has no
+record of; the warm pool hands a ready pod over; ``from_settings`` finds the cluster through
+a kubeconfig context. What this does NOT show: scheduling, probes, NetworkPolicy
+enforcement, label selectors on a real API server (docs/kubernetes.md, "Tests")."""
 
 from __future__ import annotations
 
