@@ -44,6 +44,7 @@ from orchestrator.settings import PROCESS_STOP_GRACE_S, KubernetesSettings
 __all__ = [
     "APP_LABEL",
     "GPU_RESOURCE",
+    "LABEL_DAEMON",
     "LABEL_INSTANCE",
     "LABEL_ROOT",
     "LABEL_SESSION",
@@ -72,6 +73,9 @@ NATS_APP: Final = "nats"
 LABEL_INSTANCE: Final = "prime-agent/instance"
 LABEL_SESSION: Final = "prime-agent/session"
 LABEL_ROOT: Final = "prime-agent/root"
+# "true" on a daemon's sandboxes (``SandboxSpec.die_with_parent`` off): only those are the
+# next daemon's to adopt or remove (a print-mode run's pod of the same instance is not).
+LABEL_DAEMON: Final = "prime-agent/daemon"
 
 POD_NAME_PREFIX: Final = "prime-agent-"
 # What a session id must be to name a pod (inside a DNS label) and be a label value: lower
@@ -154,6 +158,7 @@ def _labels(request: SessionPod) -> dict[str, str]:
         LABEL_INSTANCE: request.instance,
         LABEL_SESSION: spec.session_id,
         LABEL_ROOT: spec.labels.get("root", spec.session_id),
+        LABEL_DAEMON: "false" if spec.die_with_parent else "true",
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from orchestrator.sandbox.images import IMAGE_TAGS
 from orchestrator.sandbox.k8s_manifests import (
     APP_LABEL,
     GPU_RESOURCE,
+    LABEL_DAEMON,
     LABEL_INSTANCE,
     LABEL_ROOT,
     LABEL_SESSION,
@@ -250,6 +252,10 @@ def test_ownership_labels_name_instance_session_and_root() -> None:
         assert labels[LABEL_INSTANCE] == INSTANCE
         assert labels[LABEL_SESSION] == SESSION
         assert labels[LABEL_ROOT] == ROOT
+        assert labels[LABEL_DAEMON] == "false"  # the spec's sandbox dies with its process
+    daemons = replace(pod_request, spec=replace(pod_request.spec, die_with_parent=False))
+    for obj in session_objects(daemons, settings):
+        assert obj["metadata"]["labels"][LABEL_DAEMON] == "true"
 
 
 def test_pod_names_are_unique_per_start() -> None:

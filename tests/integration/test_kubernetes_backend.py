@@ -1,0 +1,370 @@
+"""The kubernetes backend end to end, without a cluster: the official client over real HTTP to
+kmock's in-memory API (tests/k8s_emulator.py), and a node that runs each created pod on the
+local Docker Engine and writes its status and IP back (``DockerNode``). create -> Ready ->
+cells that share a namespace -> stop (Pod, Secret, NetworkPolicy deleted, container gone); a
+pod that cannot start (unschedulable, no image, evicted, not Ready in time) is a one-line
+``SandboxStartError`` and a cancelled start leaves nothing; an OOM-killed pod is
+``KernelDied``; a new backend object adopts a recorded pod and removes a daemon pod it has no
+record of; the warm pool hands a ready pod over; ``from_settings`` finds the cluster through
+a kubeconfig context. What this does NOT show: scheduling, probes, NetworkPolicy
+enforcement, label selectors on a real API server (docs/kubernetes.md, "Tests")."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Final
+
+import pytest
+
+from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
+from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.kubernetes import KubernetesBackend
+from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
+from tests.helpers import need, wait_until
+from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
+from tests.k8s_emulator import (
+    EVICTED_MESSAGE,
+    NAMESPACE,
+    PULL_MESSAGE,
+    UNSCHEDULABLE_MESSAGE,
+    DockerNode,
+    EmulatedCluster,
+    NodeMode,
+    emulated_cluster,
+    running_node,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+INSTANCE: Final = "test-instance"
+WORKSPACE: Final = Path("/workspace/project")
+CELL_TIMEOUT_S: Final = 60.0
+START_TIMEOUT_S: Final = 90.0
+GONE_TIMEOUT_S: Final = 30.0
+SEEN_TIMEOUT_S: Final = 30.0
+WATCH_IDLE_S: Final = 1.0  # a cancelled start's watch thread ends within a few of these
+SHORT_START_S: Final = 2.0
+MIB: Final = 1024**2
+POD_MEMORY: Final = 512 * MIB
+SHORT_CELL_S: Final = 1.0
+BIG: Final = ResourceLimits(memory_bytes=1024 * MIB)
+KINDS: Final = ("pods", "secrets", "networkpolicies")
+
+
+class Recorder:
+    """The daemon's listener, as far as adoption needs it: the refs it was told about."""
+
+    def __init__(self) -> None:
+        self.up: dict[str, SandboxRef] = {}
+
+    async def sandbox_up(self, ref: SandboxRef) -> None:
+        self.up[ref.session_id] = ref
+
+    async def sandbox_down(self, ref: SandboxRef) -> None:
+        self.up.pop(ref.session_id, None)
+
+
+@pytest.fixture(scope="module")
+def docker() -> Any:
+    from orchestrator.errors import UserError
+    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
+
+    try:
+        client = docker_client()
+    except UserError as exc:
+        need("docker", str(exc))
+    if not image_exists(SESSION_IMAGE, client):
+        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
+    return client
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[EmulatedCluster]:
+    async with emulated_cluster() as emulated:
+        yield emulated
+
+
+def backend_for(
+    cluster: EmulatedCluster, *, start_timeout_s: float = START_TIMEOUT_S, pool_size: int = 0
+) -> KubernetesBackend:
+    return KubernetesBackend(
+        K8sApi(cluster.api_client(), NAMESPACE, watch_idle_s=WATCH_IDLE_S),
+        instance=INSTANCE,
+        memory_bytes=POD_MEMORY,
+        cpus=1.0,
+        start_timeout_s=start_timeout_s,
+        pool_size=pool_size,
+    )
+
+
+def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> SandboxSpec:
+    return SandboxSpec(
+        session_id=session,
+        cwd=WORKSPACE,
+        artifacts_dir=tmp_path,
+        die_with_parent=die_with_parent,
+    )
+
+
+def kubelet_containers(docker: Any) -> list[Any]:
+    return list(
+        docker.containers.list(all=True, filters={"label": f"{TEST_LABEL}={TEST_LABEL_VALUE}"})
+    )
+
+
+async def run(sandbox: Any, code: str) -> str:
+    result = await sandbox.execute(code, timeout_s=CELL_TIMEOUT_S, cell_id=code[:8])
+    assert result.status == "ok", result
+    return str(result.result or result.stdout).strip()
+
+
+async def test_a_session_pod_runs_cells_and_stop_deletes_it(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            sandbox = await backend.create(spec_for("s-cells", tmp_path))
+            name = sandbox.name
+            assert all(name in cluster.names(kind) for kind in KINDS)
+            # Three objects created, the pod watched until Ready (never polled: no reads).
+            calls = dict(backend.api.calls)
+            assert calls.pop("create") == 3 and calls.pop("watch") >= 1
+            assert calls == {}
+            await run(sandbox, "x = 41")
+            assert await run(sandbox, "x + 1") == "42"
+            assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
+                f"(1000, '{WORKSPACE}')"
+            )
+            assert await sandbox.is_alive()
+            info = await sandbox.info()
+            assert (info.name, info.state) == (name, "running")
+            assert info.memory_limit_bytes == POD_MEMORY and info.started_at is not None
+            # A cell past its timeout is interrupted; the namespace stays.
+            slow = await sandbox.execute(
+                "import time; time.sleep(60)", timeout_s=SHORT_CELL_S, cell_id="slow"
+            )
+            assert slow.status == "timeout", slow
+            assert await run(sandbox, "x + 1") == "42"
+            # A restart loses the namespace; the session's cwd is applied again.
+            await sandbox.restart_kernel()
+            assert await run(sandbox, "'x' in dir(), __import__('os').getcwd()") == (
+                f"(False, '{WORKSPACE}')"
+            )
+            container = node.containers[name]
+            await sandbox.stop()
+            assert backend.api.calls["delete"] == 3  # Pod, Secret, NetworkPolicy
+            assert not any(name in cluster.names(kind) for kind in KINDS)
+            assert not await sandbox.is_alive()
+            assert wait_until(
+                lambda: container.id not in {c.id for c in kubelet_containers(docker)},
+                timeout=GONE_TIMEOUT_S,
+            )
+        finally:
+            await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"),
+    [
+        ("unschedulable", f"cannot be scheduled: {UNSCHEDULABLE_MESSAGE}"),
+        (
+            "no-image",
+            f"cannot pull its image prime-agent/session:latest (ImagePullBackOff): {PULL_MESSAGE}",
+        ),
+        ("evicted", f"was evicted: {EVICTED_MESSAGE}"),
+    ],
+)
+async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_nothing(
+    cluster: EmulatedCluster, tmp_path: Path, mode: NodeMode, words: str
+) -> None:
+    node = DockerNode(cluster.api_client(), None, mode=mode)  # runs nothing: no Docker
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            with pytest.raises(SandboxStartError) as raised:
+                await backend.create(spec_for("s-nofit", tmp_path))
+        finally:
+            await backend.close()
+    assert str(raised.value).endswith(words)
+    assert "\n" not in str(raised.value)
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster, pool_size=1)
+        try:
+            first = await backend.create(spec_for("s-first", tmp_path))  # cold; fills the pool
+            assert backend.pool is not None
+            await backend.pool.wait_ready(START_TIMEOUT_S)
+            (idle,) = cluster.names("pods") - {first.name}
+            spec = replace(spec_for("s-second", tmp_path), env={"PA_TEST_VALUE": "handed"})
+            second = await backend.create(spec)
+            assert second.name == idle and second.ref.session_id == "s-second"
+            assert backend.pool.statistics().hits == 1
+            assert await run(second, "__import__('os').environ['PA_TEST_VALUE']") == "'handed'"
+            other = await backend.create(replace(spec_for("s-big", tmp_path), limits=BIG))
+            assert other.name not in {first.name, idle}  # another policy: a cold start
+        finally:
+            await backend.close()
+    assert not any(cluster.names(kind) for kind in KINDS)  # the refilled pool's pod too
+
+
+async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
+    async with running_node(node):
+        backend = backend_for(cluster, start_timeout_s=SHORT_START_S)
+        try:
+            with pytest.raises(
+                SandboxStartError, match=r"was not ready within 2 s \(phase Pending\)"
+            ):
+                await backend.create(spec_for("s-slow", tmp_path))
+        finally:
+            await backend.close()
+    assert node.seen.is_set()
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            start = asyncio.ensure_future(backend.create(spec_for("s-cancel", tmp_path)))
+            assert await asyncio.to_thread(node.seen.wait, SEEN_TIMEOUT_S)
+            assert cluster.names("pods")  # created, waiting to be Ready
+            start.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await start
+        finally:
+            await backend.close()
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        backend = backend_for(cluster)
+        try:
+            sandbox = await backend.create(spec_for("s-oom", tmp_path))
+            await run(sandbox, "x = 1")
+            oom = {
+                "name": "sandbox",
+                "image": "prime-agent/session:latest",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+            }
+            status = {"phase": "Failed", "containerStatuses": [oom]}
+            await asyncio.to_thread(node.fail, sandbox.name, status)  # the API is served here
+            with pytest.raises(KernelDied, match="ran out of memory"):
+                await sandbox.execute("x", timeout_s=CELL_TIMEOUT_S, cell_id="after")
+            assert not await sandbox.is_alive()
+        finally:
+            await backend.close()
+    assert not any(cluster.names(kind) for kind in KINDS)
+
+
+async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    node = DockerNode(cluster.api_client(), docker)
+    async with running_node(node):
+        first = backend_for(cluster)  # the orchestrator that is "killed": never closed
+        recorder = Recorder()
+        first.listener = recorder
+        kept = await first.create(spec_for("s-kept", tmp_path, die_with_parent=False))
+        await run(kept, "x = 41")
+        stray = await first.create(spec_for("s-stray", tmp_path, die_with_parent=False))
+        printed = await first.create(spec_for("s-print", tmp_path))  # a print-mode run's pod
+        ref = recorder.up["s-kept"]
+        assert (ref.ref, ref.kernel_id) == (kept.name, kept.ref.kernel_id)
+
+        stranger = KubernetesBackend(
+            K8sApi(cluster.api_client(), NAMESPACE), instance="another-instance"
+        )
+        with pytest.raises(SandboxError, match="another prime-agent instance"):
+            await stranger.adopt(ref, spec_for("s-kept", tmp_path))
+        await stranger.remove(ref)  # not its pod: kept
+        assert await stranger.remove_unknown(set()) == 0
+        assert {kept.name, stray.name} <= cluster.names("pods")
+
+        second = backend_for(cluster)  # a fresh client, as after a restart
+        try:
+            adopted = await second.adopt(ref, spec_for("s-kept", tmp_path, die_with_parent=False))
+            assert await run(adopted, "x + 1") == "42"  # the same kernel: its namespace kept
+            assert await second.remove_unknown({ref.ref}) == 1
+            assert not any(stray.name in cluster.names(kind) for kind in KINDS)
+            assert {kept.name, printed.name} <= cluster.names("pods")  # not a daemon's pod
+            await second.remove(ref)  # what the daemon does with one it could not adopt
+            assert not any(kept.name in cluster.names(kind) for kind in KINDS)
+        finally:
+            await second.close()
+            await printed.stop()
+            for dropped in (kept, stray):  # the "killed" orchestrator's connections
+                if dropped.client is not None:
+                    await dropped.client.close()
+
+
+KUBECONFIG: Final = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: emulated
+  cluster: {{server: "{url}"}}
+- name: elsewhere
+  cluster: {{server: "http://127.0.0.1:1"}}
+users:
+- name: tester
+  user: {{token: not-checked}}
+contexts:
+- name: other
+  context: {{cluster: elsewhere, user: tester}}
+- name: emulated
+  context: {{cluster: emulated, user: tester, namespace: {namespace}}}
+current-context: other
+"""
+
+
+async def test_from_settings_reaches_the_cluster_of_its_kubeconfig_context(
+    cluster: EmulatedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG.format(url=cluster.url, namespace=NAMESPACE))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings = Settings(
+        sandbox=SandboxSettings(memory_mib=768, cpus=0.5),
+        kubernetes=KubernetesSettings(context="emulated", namespace=NAMESPACE),
+    )
+    backend = KubernetesBackend.from_settings(settings, instance=INSTANCE)
+    policy = backend.policy_for(spec_for("s-config", tmp_path))
+    assert (policy.memory_bytes, policy.cpus) == (768 * MIB, 0.5)
+    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing
+    async with running_node(node):
+        try:
+            with pytest.raises(SandboxStartError, match="cannot be scheduled"):
+                await backend.create(spec_for("s-config", tmp_path))
+        finally:
+            await backend.close()
+    assert node.seen.is_set()  # the pod reached the emulator through the kubeconfig
+    assert kubeconfig.read_text() == KUBECONFIG.format(url=cluster.url, namespace=NAMESPACE)
+
+    missing = Settings(kubernetes=KubernetesSettings(context="nowhere", namespace=NAMESPACE))
+    with pytest.raises(SandboxStartError, match="no usable cluster configuration") as raised:
+        KubernetesBackend.from_settings(missing, instance=INSTANCE)
+    assert "\n" not in str(raised.value)

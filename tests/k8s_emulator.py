@@ -1,0 +1,212 @@
+"""A Kubernetes API for the kubernetes backend's tests: kmock's in-memory emulator served over
+real HTTP in the test's event loop, reached by the official ``kubernetes`` client from threads
+(the backend calls it in threads anyway), and a node for it: ``DockerNode`` watches the pods
+created there and plays the kubelet for each.
+
+- ``mode="run"``: the pod runs on the local Docker Engine (``k8s_docker_kubelet.run_pod``:
+  its image, command, user, limits, volumes and Secret), and once its gateway listens the
+  pod's status becomes Running and Ready with the container's bridge IP (reachable from this
+  host). A deleted pod's container is removed.
+- ``mode="unschedulable"``: the pod stays Pending with ``PodScheduled`` False, reason
+  ``Unschedulable``, as a scheduler writes it when no node fits.
+- ``mode="no-image"``: the pod stays Pending, its container waiting in ``ImagePullBackOff``,
+  as a kubelet writes it when the image cannot be pulled.
+- ``mode="evicted"``: the pod Failed, reason ``Evicted``, as the kubelet of a node under
+  pressure writes it.
+- ``mode="pending"``: nothing is written; the pod stays as created (an image still pulling).
+
+``seen`` is set when the node has seen a pod created.
+
+What kmock does not do (docs/kubernetes.md, "Tests"): label and field selectors (a list or
+watch returns every object of the namespace), uid / resourceVersion / creationTimestamp, a
+pod's initial status, stringData -> data, server-side watch timeouts, owner-reference garbage
+collection, pods/portforward. The node writes the status; the backend filters by labels and
+names itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+import kmock
+from kubernetes import client as k8s
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from tests.k8s_docker_kubelet import run_pod
+
+__all__ = [
+    "NAMESPACE",
+    "DockerNode",
+    "EmulatedCluster",
+    "NodeMode",
+    "emulated_cluster",
+    "running_node",
+]
+
+NAMESPACE: Final = "prime-agent"
+HTTP_NOT_FOUND: Final = 404
+RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
+READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
+WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
+UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
+PULL_MESSAGE: Final = 'Back-off pulling image "prime-agent/session:latest"'
+EVICTED_MESSAGE: Final = "The node was low on resource: ephemeral-storage."
+# The status each failing mode writes (what a scheduler or kubelet would).
+FAILED_STATUS: Final[dict[str, dict[str, Any]]] = {
+    "unschedulable": {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": UNSCHEDULABLE_MESSAGE,
+            }
+        ],
+    },
+    "no-image": {
+        "phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "sandbox",
+                "image": "prime-agent/session:latest",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": PULL_MESSAGE}},
+            }
+        ],
+    },
+    "evicted": {"phase": "Failed", "reason": "Evicted", "message": EVICTED_MESSAGE},
+}
+NodeMode = Literal["run", "unschedulable", "no-image", "evicted", "pending"]
+
+
+@dataclass
+class EmulatedCluster:
+    emulator: Any  # kmock.KubernetesEmulator
+    url: str
+
+    def api_client(self) -> Any:
+        """A fresh ``ApiClient`` for the emulator (as a restarted orchestrator makes one)."""
+        return k8s.ApiClient(k8s.Configuration(host=self.url))
+
+    def names(self, kind: str) -> set[str]:
+        """Names of the objects of ``kind`` (``pods``, ``secrets``, ``networkpolicies``) that
+        exist now."""
+        return {
+            name
+            for (resource, _namespace, name), obj in self.emulator.objects.items()
+            if resource.plural == kind and not obj.deleted
+        }
+
+
+@contextlib.asynccontextmanager
+async def emulated_cluster() -> AsyncIterator[EmulatedCluster]:
+    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+        for resource in RESOURCES:
+            emulator.resources[resource]  # declared: a list before any object is not a 404
+        yield EmulatedCluster(emulator, str(server.url).rstrip("/"))
+
+
+@dataclass
+class DockerNode:
+    """The kubelet of one node: see the module docstring. ``run`` in a thread until ``stop``."""
+
+    api_client: Any
+    docker: Any  # the Docker client; None for the modes that run nothing
+    mode: NodeMode = "run"
+    stop: threading.Event = field(default_factory=threading.Event)
+    seen: threading.Event = field(default_factory=threading.Event)
+    containers: dict[str, Any] = field(default_factory=dict)  # pod name -> its container
+    _stacks: dict[str, contextlib.ExitStack] = field(default_factory=dict)
+
+    def run(self) -> None:
+        core = k8s.CoreV1Api(self.api_client)
+        try:
+            while not self.stop.is_set():
+                with contextlib.suppress(Urllib3Error):
+                    for event in watch.Watch().stream(
+                        core.list_namespaced_pod,
+                        NAMESPACE,
+                        _request_timeout=(10, WATCH_IDLE_S),
+                        deserialize=False,
+                    ):
+                        try:
+                            self._handle(core, event["type"], event["object"])
+                        except ApiException as exc:  # deleted while the node started it
+                            if exc.status != HTTP_NOT_FOUND:
+                                raise
+                        if self.stop.is_set():
+                            break
+        finally:
+            for name in list(self._stacks):
+                self._forget(name)
+
+    def _handle(self, core: Any, kind: str, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        if kind == "DELETED":
+            self._forget(name)
+        elif kind == "ADDED" and name not in self._stacks:
+            self._stacks[name] = contextlib.ExitStack()
+            self.seen.set()
+            if self.mode in FAILED_STATUS:
+                status = FAILED_STATUS[self.mode]
+                core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+            elif self.mode == "run":
+                self._start(core, name, pod)
+
+    def _forget(self, name: str) -> None:
+        self.containers.pop(name, None)
+        stack = self._stacks.pop(name, None)
+        if stack is not None:
+            stack.close()
+
+    def _start(self, core: Any, name: str, pod: dict[str, Any]) -> None:
+        secret_name = pod["spec"]["volumes"][-1]["secret"]["secretName"]
+        secret = self.api_client.sanitize_for_serialization(
+            core.read_namespaced_secret(secret_name, NAMESPACE)
+        )
+        running = self._stacks[name].enter_context(run_pod(self.docker, pod, secret))
+        self.containers[name] = running.container
+        for line in running.container.logs(stream=True, follow=True):
+            if line.startswith(READY_PREFIX):
+                break
+        running.container.reload()
+        ip = running.container.attrs["NetworkSettings"]["IPAddress"]
+        status = {
+            "phase": "Running",
+            "podIP": ip,
+            "startTime": datetime.now(UTC).isoformat(),
+            "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True"},
+            ],
+        }
+        core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+
+    def fail(self, name: str, status: dict[str, Any]) -> None:
+        """Kill pod ``name``'s container and write ``status`` (an OOM kill, an eviction)."""
+        container = self.containers[name]
+        container.kill()
+        core = k8s.CoreV1Api(self.api_client)
+        core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+
+
+@contextlib.asynccontextmanager
+async def running_node(node: DockerNode) -> AsyncIterator[DockerNode]:
+    task = asyncio.ensure_future(asyncio.to_thread(node.run))
+    try:
+        yield node
+    finally:
+        node.stop.set()
+        await task
