@@ -48,13 +48,19 @@ async def _splice(
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
 ) -> None:
     up_reader, up_writer = upstream
+    collected = False  # the coroutine is being closed unfinished (its loop is gone): no awaits
     try:
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+    except GeneratorExit:
+        collected = True
+        raise
     finally:
         for w in (writer, up_writer):
             w.close()
-            with contextlib.suppress(Exception):
-                await w.wait_closed()
+        if not collected:
+            for w in (writer, up_writer):
+                with contextlib.suppress(Exception):
+                    await w.wait_closed()
 
 
 async def serve_unix_to_tcp(
