@@ -151,7 +151,9 @@ def list_owned(
     if instance is not None:
         wanted.append(f"{LABEL_INSTANCE}={instance}")
     try:
-        found = client.containers.list(all=True, filters={"label": wanted})
+        # The SDK inspects each listed container: one removed in between (another sandbox
+        # stopping) is gone, not an error of the listing.
+        found = client.containers.list(all=True, filters={"label": wanted}, ignore_removed=True)
     except docker_errors().DockerException as exc:
         raise translate_error(exc, "listing containers") from exc
     return [_owned_from(c) for c in found]
