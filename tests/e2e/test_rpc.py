@@ -91,10 +91,12 @@ async def _rpc(model: FakeModelServer, cwd: Path) -> AsyncIterator[_Client]:
     try:
         yield _Client(proc)
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         async with asyncio.timeout(TURN_TIMEOUT_S):
-            assert await proc.wait() == 0
+            # Read what it still writes while it winds down: a full pipe would block its exit.
+            _, code = await asyncio.gather(proc.stdout.read(), proc.wait())
+            assert code == 0
 
 
 async def test_a_session_driven_command_by_command(model: FakeModelServer, tmp_path: Path) -> None:
