@@ -47,6 +47,7 @@ class _Client:
         self.proc = proc
         self.lines: list[dict[str, Any]] = []
         self._next = 0
+        self._taken: set[int] = set()  # lines a read returned
 
     async def send(self, command: dict[str, Any] | bytes) -> None:
         raw = command if isinstance(command, bytes) else json.dumps(command).encode() + b"\n"
@@ -54,15 +55,23 @@ class _Client:
         self.proc.stdin.write(raw)
         await self.proc.stdin.drain()
 
-    async def read_until(self, predicate: Any) -> dict[str, Any]:
-        """Lines up to (and including) the first that ``predicate`` accepts; that line."""
+    async def read_until(self, predicate: Any, *, advance: bool = True) -> dict[str, Any]:
+        """The first line not read yet that ``predicate`` accepts, from where the last ordinary
+        read stopped. ``advance=False`` (a command's response) leaves that place as it is:
+        events may be written before the response to the command that caused them, and a
+        later read must still find them (skipping them made the framing test wait 120 s for
+        an agent_start it had passed over)."""
         assert self.proc.stdout is not None
+        index = self._next
         async with asyncio.timeout(TURN_TIMEOUT_S):
             while True:
-                while self._next < len(self.lines):
-                    line = self.lines[self._next]
-                    self._next += 1
-                    if predicate(line):
+                while index < len(self.lines):
+                    line = self.lines[index]
+                    index += 1
+                    if index - 1 not in self._taken and predicate(line):
+                        self._taken.add(index - 1)
+                        if advance:
+                            self._next = index
                         return line
                 raw = await self.proc.stdout.readline()
                 assert raw, "the agent closed stdout"
@@ -71,7 +80,9 @@ class _Client:
     async def call(self, command: dict[str, Any]) -> dict[str, Any]:
         await self.send(command)
         kind = command["type"]
-        return await self.read_until(lambda x: x.get("type") == "response" and x["command"] == kind)
+        return await self.read_until(
+            lambda x: x.get("type") == "response" and x["command"] == kind, advance=False
+        )
 
 
 @pytest.fixture
@@ -180,7 +191,7 @@ async def test_framing_is_lf_only_and_a_busy_agent_needs_a_streaming_behaviour(
         # CRLF accepted; U+2028 raw inside a JSON string is part of the string, not a break.
         raw = '{"type":"prompt","message":"one\u2028two"}\r\n'.encode()
         await rpc.send(raw)
-        answer = await rpc.read_until(lambda x: x.get("type") == "response")
+        answer = await rpc.read_until(lambda x: x.get("type") == "response", advance=False)
         assert answer["success"], answer
         user = await rpc.read_until(lambda x: x["type"] == "message_end")
         assert user["message"]["content"][0]["text"] == "one\u2028two"
@@ -188,7 +199,7 @@ async def test_framing_is_lf_only_and_a_busy_agent_needs_a_streaming_behaviour(
         bad = await rpc.call({"type": "prompt"})
         assert bad["success"] is False
         await rpc.send(b"{not json\n")
-        parse = await rpc.read_until(lambda x: x.get("type") == "response")
+        parse = await rpc.read_until(lambda x: x.get("type") == "response", advance=False)
         assert parse["success"] is False and "invalid JSON" in parse["error"]
         # While a run goes, a prompt must say how to queue; steer and abort work.
         assert (await rpc.call({"type": "prompt", "message": "answer slowly"}))["success"]
