@@ -24,6 +24,7 @@ __all__ = [
     "McpServers",
     "load_mcp_config_file",
     "named_servers",
+    "named_servers_field",
     "parse_mcp_servers",
     "python_name",
 ]
@@ -95,6 +96,17 @@ def named_servers(raw: dict[str, Any], where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}: two MCP servers are both named {key!r} in the kernel")
         out[key] = body
     return out
+
+
+def named_servers_field(value: object, where: str) -> object:
+    """``named_servers`` for a pydantic ``mode="before"`` validator: a refusal as the
+    ``ValueError`` pydantic reports (config.toml's section and the protocol's settings)."""
+    if not isinstance(value, dict):
+        return value
+    try:
+        return named_servers(value, where)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def parse_mcp_servers(raw: Any, where: str) -> McpServers:

@@ -66,7 +66,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.errors import ConfigError
-from orchestrator.mcp_config import McpServerConfig, named_servers
+from orchestrator.mcp_config import McpServerConfig, named_servers_field
 from orchestrator.model_names import EMBEDDED_MODEL_NAME
 
 __all__ = [
@@ -308,12 +308,7 @@ class McpSettings(_Strict):
     @classmethod
     def _names(cls, value: object) -> object:
         """By the names the kernel reads them by (``my-server`` is ``mcp.my_server``)."""
-        if isinstance(value, dict):
-            try:
-                return named_servers(value, "[mcp.servers]")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        return named_servers_field(value, "[mcp.servers]")
 
 
 class Settings(_Strict):

@@ -26,8 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapte
 
 from orchestrator.api.messages import AnyServerMessage
 from orchestrator.api.wire import WAIT_QUIET_DEFAULT_S
-from orchestrator.errors import ConfigError
-from orchestrator.mcp_config import McpServerConfig, named_servers
+from orchestrator.mcp_config import McpServerConfig, named_servers_field
 
 __all__ = [
     "COMMAND_TYPES",
@@ -284,12 +283,7 @@ class SessionSettings(_ClientModel):
     @field_validator("mcp_servers", mode="before")
     @classmethod
     def _server_names(cls, value: object) -> object:
-        if isinstance(value, dict):
-            try:
-                return named_servers(value, "settings.mcp_servers")
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        return named_servers_field(value, "settings.mcp_servers")
 
     # --skill PATH (repeatable): absolute paths of skills the family sees (docs/harness.md).
     skill_paths: (
