@@ -88,7 +88,6 @@ class RpcServer:
         self._turn_open = False
         self._turn_results: list[dict[str, Any]] = []
         self._turn_message: dict[str, Any] | None = None
-        self._pending_calls: set[str] = set()
         self._compacting = False
         self._last_retry = 0
         # The reply being written: its blocks so far (thinking, text), streamed as
@@ -98,7 +97,9 @@ class RpcServer:
         self._held: list[Stream] = []  # stream items waiting for the event they follow
         # A running cell's output so far (tool_execution_update carries all of it), by call.
         self._cell_output: dict[str, str] = {}
-        self._cell_calls: dict[str, tuple[str, Any]] = {}  # call id -> (tool name, args)
+        # The calls of the open turn that have no result yet: call id -> (tool name, args).
+        # The turn ends when it is empty (or on abort, which drops what is left).
+        self._cell_calls: dict[str, tuple[str, Any]] = {}
         self._pump: asyncio.Task[None] | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
             "prompt": self._prompt,
@@ -302,7 +303,6 @@ class RpcServer:
             self._turn_message = message
             for block in message.get("content") or []:
                 if block.get("type") == "toolCall":
-                    self._pending_calls.add(block["id"])
                     self._cell_calls[block["id"]] = (block["name"], block["arguments"])
                     await self.emit(
                         {
@@ -312,10 +312,9 @@ class RpcServer:
                             "args": block["arguments"],
                         }
                     )
-            if not self._pending_calls:
+            if not self._cell_calls:
                 await self._close_turn()
         elif kind == "tool_result" and message is not None:
-            self._pending_calls.discard(str(message["toolCallId"]))
             self._cell_calls.pop(str(message["toolCallId"]), None)
             self._cell_output.pop(str(message["toolCallId"]), None)
             self._turn_results.append(message)
@@ -328,7 +327,7 @@ class RpcServer:
                     "isError": message["isError"],
                 }
             )
-            if not self._pending_calls:
+            if not self._cell_calls:
                 await self._close_turn()
         elif kind == "retry":
             self._last_retry = int(payload.get("attempt") or 0)
@@ -383,7 +382,8 @@ class RpcServer:
         self._turn_open = False
         results, self._turn_results = self._turn_results, []
         message, self._turn_message = self._turn_message, None
-        self._pending_calls.clear()
+        self._cell_calls.clear()
+        self._cell_output.clear()
         await self.emit({"type": "turn_end", "message": message, "toolResults": results})
 
     # -- commands --------------------------------------------------------------------------------
