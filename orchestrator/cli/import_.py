@@ -101,11 +101,8 @@ async def _import(
         from orchestrator.models.registry import resolve_model
         from orchestrator.sandbox.choice import choose_backend
         from orchestrator.settings import EMBEDDED_MODEL_NAME, load_settings
-        from orchestrator.store.jsonl_import import (
-            ImportOptions,
-            import_session_jsonl,
-            read_session_file,
-        )
+        from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl
+        from orchestrator.store.jsonl_parse import read_session_file
 
         settings = load_settings(Paths.from_env().config_file)
         if model is not None:  # refuse a model this installation cannot use, now

@@ -25,7 +25,8 @@ from orchestrator.sessions.live import LiveSession
 from orchestrator.settings import EMBEDDED_MODEL_NAME
 from orchestrator.store import tree
 from orchestrator.store.db import SessionRecord
-from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl, read_session_file
+from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl
+from orchestrator.store.jsonl_parse import read_session_file
 
 __all__ = ["branch", "copy", "import_file", "loaded_family", "quiet_family", "tree_page"]
 

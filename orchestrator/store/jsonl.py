@@ -9,9 +9,9 @@ an imported file (a ``custom`` event) is written back as it came; everything els
 ``custom`` entry (``customType`` ``prime-agent.<type>``), which pi keeps but never sends to a
 model. What pi's shapes have no field for (who sent a user message, the fenced protocol, a
 compaction's reason and pinned turn ...) rides in an extra ``primeAgent`` object, which pi
-ignores and ``jsonl_import`` reads back.
+ignores and ``jsonl_parse`` reads back.
 
-An imported event keeps the file's entry (``source_entry``, orchestrator/store/jsonl_import.py):
+An imported event keeps the file's entry (``source_entry``, orchestrator/store/jsonl_parse.py):
 it is written back as it was, under its own id (when no entry written before took it), and an
 imported session's header is the file's (``sessions.imported_header``) with this version. So
 import → export → import → export writes the same file twice, ids and session id included.

@@ -10,7 +10,8 @@ from orchestrator.paths import Paths
 from orchestrator.sandbox.local import LocalBackend
 from orchestrator.sessions.manager import Orchestrator
 from orchestrator.store.db import Store
-from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl, read_session_file
+from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl
+from orchestrator.store.jsonl_parse import read_session_file
 from tests.integration.test_family import FAST
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "jsonl" / "v3_tree.jsonl"

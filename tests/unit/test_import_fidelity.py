@@ -18,12 +18,8 @@ import pytest
 
 from orchestrator.store.db import Store
 from orchestrator.store.jsonl import JSONL_VERSION, export_session_jsonl
-from orchestrator.store.jsonl_import import (
-    ImportOptions,
-    ImportResult,
-    import_session_jsonl,
-    parse_session_jsonl,
-)
+from orchestrator.store.jsonl_import import ImportOptions, ImportResult, import_session_jsonl
+from orchestrator.store.jsonl_parse import parse_session_jsonl
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "pi-sessions"
 HAND_WRITTEN = Path(__file__).resolve().parents[1] / "fixtures" / "jsonl"

@@ -28,13 +28,8 @@ from orchestrator.store.events import (
     UserMessagePayload,
 )
 from orchestrator.store.jsonl import LEAF_MARKER, export_session_jsonl
-from orchestrator.store.jsonl_import import (
-    ImportOptions,
-    ImportResult,
-    import_session_jsonl,
-    parse_session_jsonl,
-    read_session_file,
-)
+from orchestrator.store.jsonl_import import ImportOptions, ImportResult, import_session_jsonl
+from orchestrator.store.jsonl_parse import parse_session_jsonl, read_session_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "jsonl"
 FALLBACK_CWD = "/fallback/cwd"
