@@ -52,6 +52,7 @@ from orchestrator.sandbox.base import (
     WorkspaceMode,
 )
 from orchestrator.sandbox.confined import session_env, start_kernel
+from orchestrator.sandbox.defaults import sandbox_defaults
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
 from orchestrator.sandbox.k8s_api import K8sApi, api_client
@@ -437,20 +438,14 @@ class KubernetesBackend(SandboxBackend):
         """A backend for ``settings``' cluster (``[kubernetes]``: ``api_client``) with its
         sandbox policy and REPL settings as defaults; ``options`` are passed on."""
         k8s = settings.kubernetes
-        sandbox = settings.sandbox
+        options.setdefault("pool_size", k8s.pool_size)
         return cls(
             K8sApi(api_client(k8s), k8s.namespace),
             instance=instance,
             settings=k8s,
-            image=sandbox.image,
-            workspace_mode=sandbox.workspace,
-            memory_bytes=sandbox.memory_bytes,
-            cpus=sandbox.cpus,
-            pids_limit=sandbox.pids_limit,
             network=network,
-            interrupt_grace_s=settings.interrupt_grace_s,
-            output_cap_chars=settings.output_cap_chars,
-            **{"pool_size": k8s.pool_size, **options},
+            **sandbox_defaults(settings),
+            **options,
         )
 
     def policy_for(self, spec: SandboxSpec) -> StoredSandboxPolicy:
