@@ -68,6 +68,7 @@ def _backend_findings(paths: Paths) -> list[Finding]:
     from orchestrator.sandbox.bwrap_probe import bwrap_usable
     from orchestrator.sandbox.docker import docker_usable
     from orchestrator.sandbox.images import resolve_image
+    from orchestrator.sandbox.k8s_status import kubernetes_usable
     from orchestrator.settings import Settings, load_settings
 
     try:
@@ -75,7 +76,13 @@ def _backend_findings(paths: Paths) -> list[Finding]:
     except ConfigError:  # the default image then; the config's error shows where it is used
         settings = Settings()
     image = resolve_image(settings.sandbox.image)
-    return check_backends(lambda: docker_usable(image), bwrap_usable, image=image)
+    return check_backends(
+        lambda: docker_usable(image),
+        bwrap_usable,
+        image=image,
+        kubernetes_status=lambda: kubernetes_usable(settings.kubernetes),
+        namespace=settings.kubernetes.namespace,
+    )
 
 
 def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:
