@@ -21,7 +21,11 @@ What kmock does not do (docs/kubernetes.md, "Tests"): label and field selectors 
 watch returns every object of the namespace), uid / resourceVersion / creationTimestamp, a
 pod's initial status, stringData -> data, server-side watch timeouts, owner-reference garbage
 collection, pods/portforward. The node writes the status; the backend filters by labels and
-names itself.
+names itself. ``UidEmulator`` gives each created object a ``metadata.uid``, as an API server
+does, so the backend can name a pod as the owner of its Secret and NetworkPolicy.
+
+``serve_in_thread`` runs the emulator on its own event loop in a thread, for a test whose
+API clients are other processes (a daemon reaching it through a kubeconfig).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -49,12 +54,14 @@ __all__ = [
     "NodeMode",
     "emulated_cluster",
     "running_node",
+    "serve_in_thread",
 ]
 
 NAMESPACE: Final = "prime-agent"
 HTTP_NOT_FOUND: Final = 404
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
+SERVE_TIMEOUT_S: Final = 30.0  # the emulator's thread starts (and ends) within this
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
 UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
 PULL_MESSAGE: Final = 'Back-off pulling image "prime-agent/session:latest"'
@@ -100,6 +107,13 @@ class EmulatedCluster:
         """A fresh ``ApiClient`` for the emulator (as a restarted orchestrator makes one)."""
         return k8s.ApiClient(k8s.Configuration(host=self.url))
 
+    def object(self, kind: str, name: str) -> dict[str, Any]:
+        """The object of ``kind`` named ``name`` as stored now (KeyError when there is none)."""
+        for (resource, _namespace, stored), obj in self.emulator.objects.items():
+            if resource.plural == kind and stored == name and not obj.deleted:
+                return dict(obj.raw)
+        raise KeyError(f"{kind}/{name}")
+
     def names(self, kind: str) -> set[str]:
         """Names of the objects of ``kind`` (``pods``, ``secrets``, ``networkpolicies``) that
         exist now."""
@@ -110,12 +124,48 @@ class EmulatedCluster:
         }
 
 
+class UidEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]  # kmock's attrs class
+    """kmock's emulator, with a ``metadata.uid`` given to every object it creates."""
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            metadata = request.data.setdefault("metadata", {})
+            metadata.setdefault("uid", str(uuid.uuid4()))
+        return await super()._handle(request)
+
+
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[EmulatedCluster]:
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+    async with UidEmulator() as emulator, kmock.Server(emulator) as server:
         for resource in RESOURCES:
             emulator.resources[resource]  # declared: a list before any object is not a 404
         yield EmulatedCluster(emulator, str(server.url).rstrip("/"))
+
+
+@contextlib.contextmanager
+def serve_in_thread() -> Iterator[EmulatedCluster]:
+    """``emulated_cluster`` on an event loop of its own thread, until the block ends."""
+    loop = asyncio.new_event_loop()
+    ready: asyncio.Future[EmulatedCluster] = loop.create_future()
+    done = asyncio.Event()
+
+    async def serve() -> None:
+        async with emulated_cluster() as cluster:
+            ready.set_result(cluster)
+            await done.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(SERVE_TIMEOUT_S)
+    finally:
+        loop.call_soon_threadsafe(done.set)
+        thread.join(SERVE_TIMEOUT_S)
+        loop.close()
+
+
+async def _wait(future: asyncio.Future[EmulatedCluster]) -> EmulatedCluster:
+    return await future
 
 
 @dataclass

@@ -53,6 +53,7 @@ __all__ = [
     "SECRET_DIR",
     "SESSION_APP",
     "SessionPod",
+    "owner_reference",
     "pod_name",
     "session_network_policy",
     "session_objects",
@@ -370,9 +371,22 @@ def session_network_policy(request: SessionPod, settings: KubernetesSettings) ->
     }
 
 
+def owner_reference(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``ownerReferences`` entry that names ``pod`` (a pod as the API server returned it
+    from its creation: only then does it have a ``uid``) as the owner of its session's Secret
+    and NetworkPolicy, so that a cluster's garbage collector removes them with it. None when
+    the pod has no uid (a server that did not give one)."""
+    metadata = pod.get("metadata") or {}
+    uid, name = metadata.get("uid"), metadata.get("name")
+    if not uid or not name:
+        return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+
+
 def session_objects(request: SessionPod, settings: KubernetesSettings) -> list[dict[str, Any]]:
     """Everything one sandbox needs, in the order to create it: Secret and NetworkPolicy first,
-    so the pod never starts without its token or unconfined."""
+    so the pod never starts without its token or unconfined (then both get the created pod as
+    their owner: ``owner_reference``)."""
     return [
         session_secret(request, settings),
         session_network_policy(request, settings),

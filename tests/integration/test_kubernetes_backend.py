@@ -110,6 +110,12 @@ def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> S
     )
 
 
+def pod_uid(pod: dict[str, Any]) -> str:
+    uid = pod["metadata"]["uid"]  # the emulator gives one, as an API server does
+    assert isinstance(uid, str) and uid
+    return uid
+
+
 def kubelet_containers(docker: Any) -> list[Any]:
     return list(
         docker.containers.list(all=True, filters={"label": f"{TEST_LABEL}={TEST_LABEL_VALUE}"})
@@ -132,10 +138,15 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             sandbox = await backend.create(spec_for("s-cells", tmp_path))
             name = sandbox.name
             assert all(name in cluster.names(kind) for kind in KINDS)
-            # Three objects created, the pod watched until Ready (never polled: no reads).
+            # Three objects created, the Secret and the NetworkPolicy patched to name the pod
+            # as their owner, the pod watched until Ready (never polled: no reads).
             calls = dict(backend.api.calls)
-            assert calls.pop("create") == 3 and calls.pop("watch") >= 1
-            assert calls == {}
+            assert calls.pop("create") == 3 and calls.pop("patch") == 2
+            assert calls.pop("watch") >= 1 and calls == {}
+            pod = cluster.object("pods", name)
+            owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid(pod)}
+            for kind in ("secrets", "networkpolicies"):
+                assert cluster.object(kind, name)["metadata"]["ownerReferences"] == [owner]
             await run(sandbox, "x = 41")
             assert await run(sandbox, "x + 1") == "42"
             assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
