@@ -107,10 +107,11 @@ class DaemonBackends:
         """Look for docker and bwrap (in threads: the engine may be slow to answer), and for
         the cluster when it is the daemon's default or ``recorded`` (the backends of the
         sandboxes a predecessor left) names it."""
-        looks = [self._try_docker(), self._try_bwrap()]
+        await asyncio.gather(self._try_docker(), self._try_bwrap())
+        # After docker: both clients import `requests` in a thread, and two threads importing
+        # it at once can see it half-initialized (its modules import each other).
         if os.environ.get(BACKEND_ENV) == KUBERNETES or KUBERNETES in recorded:
-            looks.append(self._try_kubernetes())
-        await asyncio.gather(*looks)
+            await self._try_kubernetes()
 
     def start_pools(self) -> None:
         self.local.start_pool()
