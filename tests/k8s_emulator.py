@@ -25,7 +25,8 @@ names itself. ``UidEmulator`` gives each created object a ``metadata.uid``, as a
 does, so the backend can name a pod as the owner of its Secret and NetworkPolicy.
 
 ``serve_in_thread`` runs the emulator on its own event loop in a thread, for a test whose
-API clients are other processes (a daemon reaching it through a kubeconfig).
+API clients are other processes (a daemon or a CLI run reaching it through the kubeconfig
+``write_kubeconfig`` writes); ``node_in_thread`` runs a ``DockerNode`` for it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import kmock
@@ -45,6 +47,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from tests.helpers import wait_until
 from tests.k8s_docker_kubelet import run_pod
 
 __all__ = [
@@ -53,8 +56,10 @@ __all__ = [
     "EmulatedCluster",
     "NodeMode",
     "emulated_cluster",
+    "node_in_thread",
     "running_node",
     "serve_in_thread",
+    "write_kubeconfig",
 ]
 
 NAMESPACE: Final = "prime-agent"
@@ -124,7 +129,7 @@ class EmulatedCluster:
         }
 
 
-class UidEmulator(kmock.KubernetesEmulator):  # type: ignore[misc]  # kmock's attrs class
+class UidEmulator(kmock.KubernetesEmulator):
     """kmock's emulator, with a ``metadata.uid`` given to every object it creates."""
 
     async def _handle(self, request: Any) -> Any:
@@ -166,6 +171,47 @@ def serve_in_thread() -> Iterator[EmulatedCluster]:
 
 async def _wait(future: asyncio.Future[EmulatedCluster]) -> EmulatedCluster:
     return await future
+
+
+KUBECONFIG: Final = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: emulated
+  cluster: {{server: "{url}"}}
+users:
+- name: tester
+  user: {{token: not-checked}}
+contexts:
+- name: emulated
+  context: {{cluster: emulated, user: tester, namespace: {namespace}}}
+current-context: emulated
+"""
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig whose current context is the API server at ``url``."""
+    path.write_text(KUBECONFIG.format(url=url, namespace=NAMESPACE))
+    return path
+
+
+@contextlib.contextmanager
+def node_in_thread(cluster: EmulatedCluster, docker: Any) -> Iterator[DockerNode]:
+    """A ``DockerNode`` running ``cluster``'s pods until the block ends; then every pod left
+    is deleted, so the node removes its container."""
+    node = DockerNode(cluster.api_client(), docker)
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        yield node
+    finally:
+        core = k8s.CoreV1Api(cluster.api_client())
+        for name in cluster.names("pods"):
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, NAMESPACE)
+        wait_until(lambda: not node.containers, timeout=SERVE_TIMEOUT_S)
+        node.stop.set()
+        thread.join(SERVE_TIMEOUT_S)
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -36,7 +35,13 @@ from orchestrator.settings import KubernetesSettings
 from orchestrator.testing import FakeModelServer
 from tests.helpers import kill_9, need, wait_until, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
-from tests.k8s_emulator import NAMESPACE, DockerNode, EmulatedCluster, serve_in_thread
+from tests.k8s_emulator import (
+    NAMESPACE,
+    EmulatedCluster,
+    node_in_thread,
+    serve_in_thread,
+    write_kubeconfig,
+)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,7 +49,6 @@ pytestmark = pytest.mark.timeout(600)
 POLL_TIMEOUT_S: Final = 180.0
 POLL_INTERVAL_S: Final = 0.1
 STOP_TIMEOUT_S: Final = 60.0
-NODE_STOP_TIMEOUT_S: Final = 30.0
 KINDS: Final = ("pods", "secrets", "networkpolicies")
 UNKNOWN_SESSION: Final = "s-unknown0000"
 MIB: Final = 1024**2
@@ -68,21 +72,6 @@ repeat forever:
             print(x + 1, os.getpid())
 """
 
-KUBECONFIG: Final = """\
-apiVersion: v1
-kind: Config
-clusters:
-- name: emulated
-  cluster: {{server: "{url}"}}
-users:
-- name: tester
-  user: {{token: not-checked}}
-contexts:
-- name: emulated
-  context: {{cluster: emulated, user: tester, namespace: {namespace}}}
-current-context: emulated
-"""
-
 
 @pytest.fixture
 def docker() -> Any:
@@ -103,28 +92,18 @@ def cluster(
     docker: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[EmulatedCluster]:
     """The emulator, its node, and this test's environment pointing the daemon at them."""
-    with serve_in_thread() as emulated:
-        node = DockerNode(emulated.api_client(), docker)
-        thread = threading.Thread(target=node.run, daemon=True)
-        thread.start()
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(KUBECONFIG.format(url=emulated.url, namespace=NAMESPACE))
+    with serve_in_thread() as emulated, node_in_thread(emulated, docker):
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", emulated.url)
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         monkeypatch.setenv("PRIME_AGENT_BACKEND", "kubernetes")
         try:
             yield emulated
-        finally:
+        finally:  # the node then deletes what the daemons left
             if _daemon_pids():
                 daemon_cli("stop", "--force")
             for pid in _daemon_pids():
                 kill_9(pid, STOP_TIMEOUT_S)
-            # Whatever the daemons left: deleted, so the node removes its containers.
-            api = K8sApi(emulated.api_client(), NAMESPACE)
-            for name in emulated.names("pods"):
-                api.delete(name)
-            node.stop.set()
-            thread.join(NODE_STOP_TIMEOUT_S)
 
 
 @pytest.fixture
