@@ -20,12 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from orchestrator.errors import SandboxStartError
-from orchestrator.runtime.wire import (
-    ENV_NATS_JWT,
-    ENV_NATS_NKEY_SEED,
-    ENV_NATS_PASSWORD,
-    ENV_NATS_USER,
-)
+from orchestrator.runtime.wire import NATS_CREDENTIAL_FILES
 from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.confined import (
     CONTAINER_GATEWAY_RUNTIME,
@@ -91,13 +86,9 @@ LISTEN_ALL: Final = "0.0.0.0"
 SECRET_DIR: Final = "/run/secrets/prime-agent"
 SECRET_FILE_MODE: Final = 0o440
 TOKEN_KEY: Final = "gateway-token"
-# NATS credentials: the kernel env names the bus hands a session (bus/credentials.py) -> file.
-NATS_SECRET_KEYS: Final = {
-    ENV_NATS_USER: "nats-user",
-    ENV_NATS_PASSWORD: "nats-password",
-    ENV_NATS_JWT: "nats-jwt",
-    ENV_NATS_NKEY_SEED: "nats-seed",
-}
+# NATS credentials: the kernel env names the bus hands a session (bus/credentials.py) -> file
+# (the names the in-kernel runtime reads them by, runtime/wire.py).
+NATS_SECRET_KEYS: Final = NATS_CREDENTIAL_FILES
 # Writable directories of a read-only root: /tmp and home in memory (they count against the
 # memory limit, as docker's tmpfs do), the workspace on the node's disk.
 TMP_VOLUME: Final = "tmp"

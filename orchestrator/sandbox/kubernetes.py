@@ -34,6 +34,7 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any, Final
 import httpx
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.runtime.wire import ENV_NATS_CREDENTIALS_DIR, NATS_CREDENTIAL_FILES
 from orchestrator.sandbox.base import (
     CellResult,
     OutputListener,
@@ -59,6 +61,7 @@ from orchestrator.sandbox.k8s_api import K8sApi, api_client
 from orchestrator.sandbox.k8s_manifests import (
     LABEL_INSTANCE,
     LABEL_SESSION,
+    SECRET_DIR,
     SessionPod,
     pod_name,
     session_objects,
@@ -93,6 +96,11 @@ GATEWAY_PROBE_TIMEOUT_S: Final = 2.0
 POOL_SESSION_ID: Final = "pool"
 
 
+def nats_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """The NATS credentials in ``env`` (those a session's Secret holds as files)."""
+    return {name: env[name] for name in NATS_CREDENTIAL_FILES if env.get(name)}
+
+
 def gateway_url(ip: str, port: int) -> str:
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}"
@@ -115,6 +123,9 @@ class KubernetesSandbox(GatewaySandbox):
         self._stopped = False
         self._lock = asyncio.Lock()
         self._recorded: SandboxRef | None = None
+        # The NATS credentials the pod's Secret holds as files (those of the spec it is
+        # created for): while the session's are these, its kernel reads them there.
+        self._secret_credentials = nats_credentials(spec.env)
 
     # --- GatewaySandbox ---------------------------------------------------------------------
 
@@ -271,7 +282,17 @@ class KubernetesSandbox(GatewaySandbox):
             await self.backend._report_up(ref)
 
     def _session_env(self) -> dict[str, str]:
-        return session_env(self.spec, relayed=False)  # NATS by its URL: no relay in a pod
+        """The kernel's env: NATS by its URL (no relay in a pod); the session's NATS
+        credentials read from the Secret's files when it holds them (not sent over the pod
+        network), else in the env (a pooled pod's Secret has only its token; an adopted pod's
+        is not read)."""
+        env = session_env(self.spec, relayed=False)
+        credentials = nats_credentials(env)
+        if credentials and credentials == self._secret_credentials:
+            for name in credentials:
+                del env[name]
+            env[ENV_NATS_CREDENTIALS_DIR] = SECRET_DIR
+        return env
 
     async def _setup(self) -> None:
         assert self.client is not None
@@ -283,6 +304,7 @@ class KubernetesSandbox(GatewaySandbox):
         """Take over ``ref``, the pod of an earlier orchestrator (``SandboxError`` when it
         is not ours, not ready, or its kernel does not answer)."""
         backend = self.backend
+        self._secret_credentials = {}  # not read back: a restarted kernel gets them in its env
         pod = await asyncio.to_thread(backend.api.read_pod, ref.ref)
         if pod is None:
             raise SandboxError(f"pod {ref.ref} is gone")

@@ -4,8 +4,8 @@ served over real HTTP from a thread of this test, reached through the kubeconfig
 writes, its pods run on the local Docker Engine by a test node (tests/k8s_emulator.py).
 
 - print mode with ``--backend kubernetes`` runs the session's cells in a pod (the pod's
-  Secret is mounted where the cell looks), records the session's backend as ``kubernetes``, and deletes the pod, its Secret
-  and its NetworkPolicy when the run ends;
+  Secret is mounted where the cell looks), records the session's backend as ``kubernetes``,
+  and deletes the pod, its Secret and its NetworkPolicy when the run ends;
 - a cluster that does not answer: ``--backend kubernetes`` (and ``PRIME_AGENT_BACKEND``, and
   ``import``) is refused in one line saying why and what to do, before the model is asked;
   ``auto`` never picks kubernetes;
