@@ -1,8 +1,9 @@
 """``prime-agent doctor [--fix]``: which sandbox backends work here (docker, bwrap, local; what
-``--backend auto`` picks), the control socket, the daemon's NATS server, the database's
-integrity and orphaned sandboxes (docker containers, local gateways); ``--fix`` removes what
-nothing owns (``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit
-1 when a problem remains.
+``--backend auto`` picks; whether the cluster of ``[kubernetes]`` answers), the control
+socket, the daemon's NATS server, the database's integrity and orphaned sandboxes (docker
+containers, local gateways); ``--fix`` removes what nothing owns
+(``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit 1 when a
+problem remains.
 
 Docker containers are this state directory's instance's to remove (``orchestrator/instance.py``);
 another instance's orphan (another setup of this user, its own ``XDG_DATA_HOME``) is listed but

@@ -19,10 +19,15 @@ A warm pool (``pool_size``, ``[kubernetes] pool_size`` by ``from_settings``) kee
 for the workspace path most recently used (a pod's volumes are fixed at creation); a session
 with the backend's default policy and that path takes one (``assign``: its cwd and env).
 
-Not here yet: the workspace's contents (the pod's workspace is
-an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
-this backend yet (``sandbox/choice.py``); it is built in code: ``from_settings`` (the
-cluster of ``[kubernetes]``) or ``KubernetesBackend(K8sApi(...))``.
+Once the pod is created, its Secret and NetworkPolicy name it as their owner
+(``K8sApi.create``), so a cluster's garbage collector removes them with it. The kernel reads
+the session's NATS credentials from the Secret's files, not from its env (``_session_env``).
+
+Not here yet: the workspace's contents (the pod's workspace is an empty volume),
+port-forward. ``--backend kubernetes`` chooses this backend (``sandbox/choice.py``); print
+mode and the daemon build it with ``from_settings`` (the cluster of ``[kubernetes]``, the
+defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
+``KubernetesBackend(K8sApi(...))``.
 """
 
 from __future__ import annotations
