@@ -12,6 +12,9 @@ of the daemon's instance that no row records (a daemon that died between creatin
 recording it) is created; the next daemon, before it says it is ready, adopts the session's
 pod and removes the unknown one; the session's next cell finds ``x`` in the same kernel of
 the same pod; ``daemon stop`` deletes the pod, its Secret and its NetworkPolicy.
+
+``DaemonBackends`` asks the cluster only when kubernetes is wanted: the daemon's default, a
+recorded pod, or a session asking for it.
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ from typing import Any, Final
 import pytest
 
 from orchestrator.api.client import ControlClient
+from orchestrator.daemon.backends import KUBERNETES, DaemonBackends
+from orchestrator.errors import UserError
 from orchestrator.instance import instance_id
-from orchestrator.sandbox.base import SandboxSpec
+from orchestrator.paths import Paths
+from orchestrator.sandbox.base import SandboxRef, SandboxSpec
+from orchestrator.sandbox.choice import BackendChoice
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.k8s_manifests import LABEL_INSTANCE, LABEL_SESSION, SessionPod, pod_name
 from orchestrator.sandbox.k8s_manifests import session_objects as objects_of
 from orchestrator.session_specs import StoredSandboxPolicy
-from orchestrator.settings import KubernetesSettings
+from orchestrator.settings import KubernetesSettings, Settings
 from orchestrator.testing import FakeModelServer
 from tests.helpers import kill_9, need, wait_until, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
@@ -215,3 +222,56 @@ def test_a_daemon_on_kubernetes_adopts_its_pod_after_kill_9_and_removes_unknown_
     assert wait_until(
         lambda: not any(cluster.names(kind) for kind in KINDS), timeout=STOP_TIMEOUT_S
     )
+
+
+class Listener:
+    """A ``SandboxListener`` that is told nothing here (no sandbox starts)."""
+
+    async def sandbox_up(self, ref: SandboxRef) -> None:
+        raise AssertionError(f"no sandbox starts here: {ref}")
+
+    async def sandbox_down(self, ref: SandboxRef) -> None:
+        raise AssertionError(f"no sandbox starts here: {ref}")
+
+
+def _backends(tmp_path: Path) -> DaemonBackends:
+    return DaemonBackends(
+        Settings(kubernetes=KubernetesSettings(namespace=NAMESPACE)),
+        listener=Listener(),
+        socket_path=tmp_path / "daemon.sock",
+        paths=Paths.from_env(),
+    )
+
+
+async def test_the_daemon_asks_the_cluster_only_when_kubernetes_is_wanted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the default or a recorded pod the daemon's start does not ask the cluster; a
+    session asking for kubernetes builds the backend then (the daemon's instance, its
+    listener); a recorded pod makes the start build it; an unreachable cluster is one line,
+    asked again only after ``KUBERNETES_RECHECK_S``."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with serve_in_thread() as emulated:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", emulated.url)))
+        on_demand = _backends(tmp_path)
+        await on_demand.start()
+        assert on_demand.kubernetes is None and KUBERNETES not in on_demand.all
+        assert not list(emulated.emulator)  # the requests it served: the cluster was not asked
+        assert await on_demand.choose(KUBERNETES) == BackendChoice(KUBERNETES)
+        built = on_demand.kubernetes
+        assert built is not None and on_demand.all[KUBERNETES] is built
+        assert (built.instance, built.listener) == (instance_id(), on_demand.listener)
+        assert not built.pool_die_with_parent  # its pods, pooled ones too, outlive the daemon
+
+        recorded = _backends(tmp_path)
+        await recorded.start({KUBERNETES})  # a predecessor's pod is in the store
+        assert recorded.kubernetes is not None and KUBERNETES in recorded.all
+
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "gone", "http://127.0.0.1:1")))
+    unreachable = _backends(tmp_path)
+    with pytest.raises(UserError, match="the kubernetes backend is not usable: the API server"):
+        await unreachable.choose(KUBERNETES)
+    asked_at = unreachable._k8s_checked_at
+    with pytest.raises(UserError):
+        await unreachable.choose(KUBERNETES)
+    assert unreachable._k8s_checked_at == asked_at  # not asked again within the recheck time
