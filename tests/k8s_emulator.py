@@ -21,7 +21,12 @@ What kmock does not do (docs/kubernetes.md, "Tests"): label and field selectors 
 watch returns every object of the namespace), uid / resourceVersion / creationTimestamp, a
 pod's initial status, stringData -> data, server-side watch timeouts, owner-reference garbage
 collection, pods/portforward. The node writes the status; the backend filters by labels and
-names itself.
+names itself. ``UidEmulator`` gives each created object a ``metadata.uid``, as an API server
+does, so the backend can name a pod as the owner of its Secret and NetworkPolicy.
+
+``serve_in_thread`` runs the emulator on its own event loop in a thread, for a test whose
+API clients are other processes (a daemon or a CLI run reaching it through the kubeconfig
+``write_kubeconfig`` writes); ``node_in_thread`` runs a ``DockerNode`` for it.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import kmock
@@ -40,6 +47,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from tests.helpers import wait_until
 from tests.k8s_docker_kubelet import run_pod
 
 __all__ = [
@@ -48,13 +56,17 @@ __all__ = [
     "EmulatedCluster",
     "NodeMode",
     "emulated_cluster",
+    "node_in_thread",
     "running_node",
+    "serve_in_thread",
+    "write_kubeconfig",
 ]
 
 NAMESPACE: Final = "prime-agent"
 HTTP_NOT_FOUND: Final = 404
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
+SERVE_TIMEOUT_S: Final = 30.0  # the emulator's thread starts (and ends) within this
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
 UNSCHEDULABLE_MESSAGE: Final = "0/3 nodes are available: 3 Insufficient memory."
 PULL_MESSAGE: Final = 'Back-off pulling image "prime-agent/session:latest"'
@@ -100,6 +112,13 @@ class EmulatedCluster:
         """A fresh ``ApiClient`` for the emulator (as a restarted orchestrator makes one)."""
         return k8s.ApiClient(k8s.Configuration(host=self.url))
 
+    def object(self, kind: str, name: str) -> dict[str, Any]:
+        """The object of ``kind`` named ``name`` as stored now (KeyError when there is none)."""
+        for (resource, _namespace, stored), obj in self.emulator.objects.items():
+            if resource.plural == kind and stored == name and not obj.deleted:
+                return dict(obj.raw)
+        raise KeyError(f"{kind}/{name}")
+
     def names(self, kind: str) -> set[str]:
         """Names of the objects of ``kind`` (``pods``, ``secrets``, ``networkpolicies``) that
         exist now."""
@@ -110,12 +129,89 @@ class EmulatedCluster:
         }
 
 
+class UidEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator, with a ``metadata.uid`` given to every object it creates."""
+
+    async def _handle(self, request: Any) -> Any:
+        if request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            metadata = request.data.setdefault("metadata", {})
+            metadata.setdefault("uid", str(uuid.uuid4()))
+        return await super()._handle(request)
+
+
 @contextlib.asynccontextmanager
 async def emulated_cluster() -> AsyncIterator[EmulatedCluster]:
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+    async with UidEmulator() as emulator, kmock.Server(emulator) as server:
         for resource in RESOURCES:
             emulator.resources[resource]  # declared: a list before any object is not a 404
         yield EmulatedCluster(emulator, str(server.url).rstrip("/"))
+
+
+@contextlib.contextmanager
+def serve_in_thread() -> Iterator[EmulatedCluster]:
+    """``emulated_cluster`` on an event loop of its own thread, until the block ends."""
+    loop = asyncio.new_event_loop()
+    ready: asyncio.Future[EmulatedCluster] = loop.create_future()
+    done = asyncio.Event()
+
+    async def serve() -> None:
+        async with emulated_cluster() as cluster:
+            ready.set_result(cluster)
+            await done.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(_wait(ready), loop).result(SERVE_TIMEOUT_S)
+    finally:
+        loop.call_soon_threadsafe(done.set)
+        thread.join(SERVE_TIMEOUT_S)
+        loop.close()
+
+
+async def _wait(future: asyncio.Future[EmulatedCluster]) -> EmulatedCluster:
+    return await future
+
+
+KUBECONFIG: Final = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: emulated
+  cluster: {{server: "{url}"}}
+users:
+- name: tester
+  user: {{token: not-checked}}
+contexts:
+- name: emulated
+  context: {{cluster: emulated, user: tester, namespace: {namespace}}}
+current-context: emulated
+"""
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig whose current context is the API server at ``url``."""
+    path.write_text(KUBECONFIG.format(url=url, namespace=NAMESPACE))
+    return path
+
+
+@contextlib.contextmanager
+def node_in_thread(cluster: EmulatedCluster, docker: Any) -> Iterator[DockerNode]:
+    """A ``DockerNode`` running ``cluster``'s pods until the block ends; then every pod left
+    is deleted, so the node removes its container."""
+    node = DockerNode(cluster.api_client(), docker)
+    thread = threading.Thread(target=node.run, daemon=True)
+    thread.start()
+    try:
+        yield node
+    finally:
+        core = k8s.CoreV1Api(cluster.api_client())
+        for name in cluster.names("pods"):
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, NAMESPACE)
+        wait_until(lambda: not node.containers, timeout=SERVE_TIMEOUT_S)
+        node.stop.set()
+        thread.join(SERVE_TIMEOUT_S)
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """``prime-agent doctor [--fix]``: which sandbox backends work here (docker, bwrap, local; what
-``--backend auto`` picks), the control socket, the daemon's NATS server, the database's
-integrity and orphaned sandboxes (docker containers, local gateways); ``--fix`` removes what
-nothing owns (``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit
-1 when a problem remains.
+``--backend auto`` picks; whether the cluster of ``[kubernetes]`` answers), the control
+socket, the daemon's NATS server, the database's integrity and orphaned sandboxes (docker
+containers, local gateways); ``--fix`` removes what nothing owns
+(``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit 1 when a
+problem remains.
 
 Docker containers are this state directory's instance's to remove (``orchestrator/instance.py``);
 another instance's orphan (another setup of this user, its own ``XDG_DATA_HOME``) is listed but
@@ -68,6 +69,7 @@ def _backend_findings(paths: Paths) -> list[Finding]:
     from orchestrator.sandbox.bwrap_probe import bwrap_usable
     from orchestrator.sandbox.docker import docker_usable
     from orchestrator.sandbox.images import resolve_image
+    from orchestrator.sandbox.k8s_status import kubernetes_usable
     from orchestrator.settings import Settings, load_settings
 
     try:
@@ -75,7 +77,13 @@ def _backend_findings(paths: Paths) -> list[Finding]:
     except ConfigError:  # the default image then; the config's error shows where it is used
         settings = Settings()
     image = resolve_image(settings.sandbox.image)
-    return check_backends(lambda: docker_usable(image), bwrap_usable, image=image)
+    return check_backends(
+        lambda: docker_usable(image),
+        bwrap_usable,
+        image=image,
+        kubernetes_status=lambda: kubernetes_usable(settings.kubernetes),
+        namespace=settings.kubernetes.namespace,
+    )
 
 
 def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:

@@ -48,7 +48,7 @@ def import_session(
         typer.Option(
             "--backend",
             envvar="PRIME_AGENT_BACKEND",
-            help="Sandbox backend when it is resumed: auto, docker, bwrap or local.",
+            help="Sandbox backend when it is resumed: auto, docker, bwrap, local or kubernetes.",
         ),
     ] = Backend.auto,
     name: Annotated[
@@ -100,6 +100,7 @@ async def _import(
     async def direct(store: Store) -> dict[str, Any]:
         from orchestrator.models.registry import resolve_model
         from orchestrator.sandbox.choice import choose_backend
+        from orchestrator.sandbox.k8s_status import kubernetes_usable
         from orchestrator.settings import EMBEDDED_MODEL_NAME, load_settings
         from orchestrator.store.jsonl_import import ImportOptions, import_session_jsonl
         from orchestrator.store.jsonl_parse import read_session_file
@@ -108,7 +109,12 @@ async def _import(
         if model is not None:  # refuse a model this installation cannot use, now
             resolve_model(model, settings)
         parsed = await asyncio.to_thread(read_session_file, path)
-        choice = choose_backend(backend, _docker_status, _bwrap_status)
+        choice = choose_backend(
+            backend,
+            _docker_status,
+            _bwrap_status,
+            kubernetes_status=lambda: kubernetes_usable(settings.kubernetes),
+        )
         options = ImportOptions(
             model=model,
             default_model=settings.default_model or EMBEDDED_MODEL_NAME,

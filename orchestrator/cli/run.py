@@ -64,8 +64,10 @@ def run(
             "--backend",
             envvar="PRIME_AGENT_BACKEND",
             help="Sandbox backend: auto (docker when an engine and the session image are "
-            "there, else bwrap when bubblewrap works here, else an error), docker, bwrap, or "
-            "local (not isolated; a warning says so). `prime-agent doctor` says which work.",
+            "there, else bwrap when bubblewrap works here, else an error), docker, bwrap, "
+            "local (not isolated; a warning says so), or kubernetes (a pod per session in the "
+            "cluster of [kubernetes]; never picked by auto). `prime-agent doctor` says which "
+            "work.",
         ),
     ] = Backend.auto,
     network: Annotated[

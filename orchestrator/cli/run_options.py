@@ -26,6 +26,7 @@ class Backend(StrEnum):
     docker = "docker"
     bwrap = "bwrap"
     local = "local"  # only when asked for: NOT isolated (a warning says so)
+    kubernetes = "kubernetes"  # only when asked for: a pod per session (docs/kubernetes.md)
 
 
 class Workspace(StrEnum):

@@ -64,7 +64,8 @@ def tui(
     backend: Annotated[
         str | None,
         typer.Option(
-            "--backend", help="Sandbox backend for new chats: auto, docker, bwrap or local."
+            "--backend",
+            help="Sandbox backend for new chats: auto, docker, bwrap, local or kubernetes.",
         ),
     ] = None,
     api_base: Annotated[

@@ -17,7 +17,7 @@ multiply. Its shape::
       input_cost_per_mtok: 0.15
       output_cost_per_mtok: 0.6
       tool_protocol: native             # or fenced
-    backend: local                      # auto | docker | bwrap | local
+    backend: local                      # auto | docker | bwrap | local | kubernetes
     sandbox: {image: session, workspace: rw, memory_mib: 2048, cpus: 1.0}
     compaction: {enabled: true, reserve_tokens: 16384, keep_recent_tokens: 20000}
     refine: {enabled: false}

@@ -1,6 +1,7 @@
 """What ``prime-agent doctor`` checks: which sandbox backends work here (docker, bwrap, local,
-and what ``--backend auto`` picks), the control socket, the daemon's NATS server, the
-database's integrity and orphaned sandboxes (containers and local gateways).
+what ``--backend auto`` picks, and whether the cluster of ``[kubernetes]`` answers), the
+control socket, the daemon's NATS server, the database's integrity and orphaned sandboxes
+(containers and local gateways).
 
 Each check returns ``Finding`` lines; a finding with ``problem`` set makes doctor exit 1 unless
 ``--fix`` repaired it. Fixes only remove what nothing owns: a stale socket whose lock is free,
@@ -59,9 +60,12 @@ def check_backends(
     bwrap_status: Callable[[], tuple[bool, str]],
     *,
     image: str,
+    kubernetes_status: Callable[[], tuple[bool, str]],
+    namespace: str,
 ) -> list[Finding]:
     """One line per backend, usable or why not, then what ``auto`` picks
-    (``sandbox/choice.py``): a problem only when ``auto`` refuses (no sandbox works here)."""
+    (``sandbox/choice.py``): a problem only when ``auto`` refuses (no sandbox works here).
+    Kubernetes comes last and is never a problem: only ``--backend kubernetes`` picks it."""
     from orchestrator.errors import UserError
     from orchestrator.sandbox.choice import NO_SANDBOX_FIXES, choose_backend
 
@@ -73,13 +77,24 @@ def check_backends(
         Finding("backend", "local usable with --backend local only: it does NOT isolate sessions"),
     ]
     try:
-        picked = choose_backend("auto", lambda: docker, lambda: bwrap)
+        picked = choose_backend(
+            "auto", lambda: docker, lambda: bwrap, kubernetes_status=kubernetes_status
+        )
     except UserError:  # why each is not usable is on its line above
         findings.append(
             Finding("backend", f"auto refuses (no sandbox here): {NO_SANDBOX_FIXES}", problem=True)
         )
     else:
         findings.append(Finding("backend", f"auto picks {picked.name}"))
+    usable, why = kubernetes_status()
+    findings.append(
+        Finding(
+            "backend",
+            f"kubernetes usable with --backend kubernetes only (namespace {namespace})"
+            if usable
+            else f"kubernetes not usable (only --backend kubernetes picks it): {why}",
+        )
+    )
     return findings
 
 

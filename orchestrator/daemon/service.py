@@ -175,7 +175,8 @@ class Daemon:
         return await self.endpoint_for(resolve_model(selector, self.settings))
 
     async def choose_backend(self, requested: str | None) -> BackendChoice:
-        """The sandbox backend of a new session: auto, docker, bwrap or local (``UserError``)."""
+        """The sandbox backend of a new session: auto, docker, bwrap, local or kubernetes
+        (``UserError``)."""
         if self._backends is None:
             raise ApiCommandError(E_BUSY, "the daemon is still starting")
         return await self._backends.choose(requested)
@@ -231,7 +232,8 @@ class Daemon:
             paths=self.paths,
         )
         self._backends = backends
-        await backends.start()
+        # The backends of the sandboxes a dead daemon left: each is looked for (adoption).
+        await backends.start({row.backend for row in await self._store.list_sandboxes()})
         self._bus = daemon_bus(self.paths, self.settings.nats)
         self._orch = Orchestrator(
             store=self._store,

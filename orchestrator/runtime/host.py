@@ -92,7 +92,7 @@ class HostConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> HostConfig:
-        env = os.environ if environ is None else environ
+        env = _with_credential_files(os.environ if environ is None else environ)
         url = env.get(wire.ENV_NATS_URL, "").strip()
         session_id = env.get(wire.ENV_SESSION_ID, "").strip()
         if not url:
@@ -135,6 +135,28 @@ class HostConfig:
                 pair.wipe()
 
         return {"user_jwt_cb": lambda: token, "signature_cb": _signature}
+
+
+def _with_credential_files(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the NATS credentials it lacks read from the files of
+    ``ENV_NATS_CREDENTIALS_DIR`` (a pod's Secret), where it names a directory."""
+    directory = env.get(wire.ENV_NATS_CREDENTIALS_DIR, "").strip()
+    if not directory:
+        return env
+    merged = dict(env)
+    for name, file_name in wire.NATS_CREDENTIAL_FILES.items():
+        if merged.get(name):
+            continue
+        try:
+            with open(os.path.join(directory, file_name), encoding="utf-8") as fh:
+                merged[name] = fh.read().strip()
+        except FileNotFoundError:
+            continue  # user and password, or JWT and seed: the other pair is absent
+        except OSError as exc:
+            raise HostUnavailable(
+                f"cannot read the NATS credential {file_name} in {directory}: {exc}"
+            ) from None
+    return merged
 
 
 def _parse_timeout(raw: str | None) -> float:

@@ -25,6 +25,7 @@ __all__ = [
     "ENV_HOST_SUBJECT",
     "ENV_INBOX_PREFIX",
     "ENV_MAX_DEPTH",
+    "ENV_NATS_CREDENTIALS_DIR",
     "ENV_NATS_JWT",
     "ENV_NATS_NKEY_SEED",
     "ENV_NATS_PASSWORD",
@@ -40,6 +41,7 @@ __all__ = [
     "MCP_CALL_TIMEOUT_MAX_S",
     "MCP_CALL_TIMEOUT_S",
     "MCP_REQUEST_TYPES",
+    "NATS_CREDENTIAL_FILES",
     "PROTOCOL_VERSION",
     "REPL_CONTEXT_FILE_ENV",
     "REPL_CONTEXT_VARIABLE",
@@ -66,6 +68,16 @@ ENV_NATS_PASSWORD: Final = "PRIME_AGENT_NATS_PASSWORD"
 # External server (decentralized auth): a user JWT and its nkey seed instead of user/password.
 ENV_NATS_JWT: Final = "PRIME_AGENT_NATS_JWT"
 ENV_NATS_NKEY_SEED: Final = "PRIME_AGENT_NATS_NKEY_SEED"
+# A directory holding the credentials above as files, named by NATS_CREDENTIAL_FILES (a
+# Kubernetes pod's Secret): the kernel reads them there, so they need not cross the network
+# in its environment. A variable that is set wins over its file.
+ENV_NATS_CREDENTIALS_DIR: Final = "PRIME_AGENT_NATS_CREDENTIALS_DIR"
+NATS_CREDENTIAL_FILES: Final = {
+    ENV_NATS_USER: "nats-user",
+    ENV_NATS_PASSWORD: "nats-password",
+    ENV_NATS_JWT: "nats-jwt",
+    ENV_NATS_NKEY_SEED: "nats-seed",
+}
 ENV_SESSION_ID: Final = "PRIME_AGENT_SESSION_ID"
 ENV_HOST_SUBJECT: Final = "PRIME_AGENT_HOST_SUBJECT"
 ENV_INBOX_PREFIX: Final = "PRIME_AGENT_INBOX_PREFIX"

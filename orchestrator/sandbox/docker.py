@@ -60,6 +60,7 @@ from orchestrator.sandbox.confined import (
     gateway_url,
     start_kernel,
 )
+from orchestrator.sandbox.defaults import sandbox_defaults
 from orchestrator.sandbox.docker_adopt import reattach_container, remove_recorded, remove_unknown
 from orchestrator.sandbox.docker_info import container_info
 from orchestrator.sandbox.docker_owned import (
@@ -118,7 +119,6 @@ from orchestrator.settings import (
     SANDBOX_PIDS_LIMIT,
     SANDBOX_START_TIMEOUT_S,
     WARM_POOL_SIZE,
-    SandboxSettings,
     Settings,
 )
 
@@ -681,19 +681,9 @@ class DockerBackend(ConfinedPolicy, SandboxBackend):
     ) -> DockerBackend:
         """A backend with ``settings``' sandbox policy (image, workspace mode, limits) and
         REPL settings as its defaults; ``options`` are passed on (pool_size, daemon_socket...)."""
-        sandbox: SandboxSettings = settings.sandbox
         options.setdefault("pool_size", settings.warm_pool_size)
         return cls(
-            image=sandbox.image,
-            workspace_mode=sandbox.workspace,
-            memory_bytes=sandbox.memory_bytes,
-            cpus=sandbox.cpus,
-            pids_limit=sandbox.pids_limit,
-            gpus=sandbox.gpus,
-            network=network,
-            interrupt_grace_s=settings.interrupt_grace_s,
-            output_cap_chars=settings.output_cap_chars,
-            **options,
+            **sandbox_defaults(settings), gpus=settings.sandbox.gpus, network=network, **options
         )
 
     # --- a session's policy: its spec's, else this backend's --------------------------------

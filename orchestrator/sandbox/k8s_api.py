@@ -3,7 +3,10 @@
 Synchronous, as that client is: the backend calls each method in a thread. Objects go in and
 come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
 
-- ``create``: a session's Secret, NetworkPolicy and Pod (``k8s_manifests.session_objects``).
+- ``create``: a session's Secret, NetworkPolicy and Pod (``k8s_manifests.session_objects``),
+  then the Secret and the NetworkPolicy get the created pod as their owner (a patch each of
+  ``metadata.ownerReferences``: the pod's ``uid`` exists only once it is created), so a
+  cluster's garbage collector removes them with the pod; ``delete`` still deletes all three.
 - ``read_pod``: one pod, None when it is gone.
 - ``wait_pod``: WATCH the pod (never a poll loop) until a predicate holds or time runs out.
   The watch asks the server to end it (``timeoutSeconds``), and a read gives up after
@@ -30,7 +33,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from orchestrator.errors import SandboxError, SandboxStartError
-from orchestrator.sandbox.k8s_manifests import APP_LABEL, LABEL_DAEMON, LABEL_INSTANCE, SESSION_APP
+from orchestrator.sandbox.k8s_manifests import (
+    APP_LABEL,
+    LABEL_DAEMON,
+    LABEL_INSTANCE,
+    SESSION_APP,
+    owner_reference,
+)
 from orchestrator.settings import KubernetesSettings
 
 __all__ = ["WATCH_IDLE_S", "K8sApi", "api_client"]
@@ -86,7 +95,8 @@ class K8sApi:
         self.core = k8s.CoreV1Api(client)
         self.networking = k8s.NetworkingV1Api(client)
         self._exceptions = k8s.exceptions
-        # Every call this object made, by verb ("create", "read", "list", "watch", "delete").
+        # Every call this object made, by verb ("create", "patch", "read", "list", "watch",
+        # "delete").
         self.calls: dict[str, int] = {}
         self._calls_lock = threading.Lock()
 
@@ -99,19 +109,42 @@ class K8sApi:
         return plain
 
     def create(self, objects: list[dict[str, Any]]) -> None:
-        """Create ``objects`` (Secret, NetworkPolicy, Pod) in order."""
+        """Create ``objects`` (Secret, NetworkPolicy, Pod) in order; then the pod owns the
+        others (``SandboxError`` when the server gave the pod no uid to name)."""
         creators: dict[str, Callable[..., Any]] = {
             "Secret": self.core.create_namespaced_secret,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
             "Pod": self.core.create_namespaced_pod,
         }
+        created: dict[str, dict[str, Any]] = {}
         for obj in objects:
             kind = obj["kind"]
             self._count("create")
             try:
-                creators[kind](self.namespace, obj, _request_timeout=API_TIMEOUT_S)
+                made = creators[kind](self.namespace, obj, _request_timeout=API_TIMEOUT_S)
             except self._exceptions.ApiException as exc:
                 raise _api_error(exc, f"creating {kind} {obj['metadata']['name']}") from exc
+            created[kind] = self._plain(made)
+        if "Pod" in created:
+            self._own(created["Pod"], [kind for kind in created if kind != "Pod"])
+
+    def _own(self, pod: dict[str, Any], kinds: list[str]) -> None:
+        """Make ``pod`` the owner of its objects of ``kinds`` (named as it is)."""
+        name = pod["metadata"]["name"]
+        owner = owner_reference(pod)
+        if owner is None:
+            raise SandboxError(f"kubernetes: the API server gave pod {name} no uid")
+        patchers: dict[str, Callable[..., Any]] = {
+            "Secret": self.core.patch_namespaced_secret,
+            "NetworkPolicy": self.networking.patch_namespaced_network_policy,
+        }
+        body = {"metadata": {"ownerReferences": [owner]}}
+        for kind in kinds:
+            self._count("patch")
+            try:
+                patchers[kind](name, self.namespace, body, _request_timeout=API_TIMEOUT_S)
+            except self._exceptions.ApiException as exc:
+                raise _api_error(exc, f"naming pod {name} the owner of {kind} {name}") from exc
 
     def read_pod(self, name: str) -> dict[str, Any] | None:
         self._count("read")

@@ -20,12 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from orchestrator.errors import SandboxStartError
-from orchestrator.runtime.wire import (
-    ENV_NATS_JWT,
-    ENV_NATS_NKEY_SEED,
-    ENV_NATS_PASSWORD,
-    ENV_NATS_USER,
-)
+from orchestrator.runtime.wire import NATS_CREDENTIAL_FILES
 from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.confined import (
     CONTAINER_GATEWAY_RUNTIME,
@@ -53,6 +48,7 @@ __all__ = [
     "SECRET_DIR",
     "SESSION_APP",
     "SessionPod",
+    "owner_reference",
     "pod_name",
     "session_network_policy",
     "session_objects",
@@ -90,13 +86,9 @@ LISTEN_ALL: Final = "0.0.0.0"
 SECRET_DIR: Final = "/run/secrets/prime-agent"
 SECRET_FILE_MODE: Final = 0o440
 TOKEN_KEY: Final = "gateway-token"
-# NATS credentials: the kernel env names the bus hands a session (bus/credentials.py) -> file.
-NATS_SECRET_KEYS: Final = {
-    ENV_NATS_USER: "nats-user",
-    ENV_NATS_PASSWORD: "nats-password",
-    ENV_NATS_JWT: "nats-jwt",
-    ENV_NATS_NKEY_SEED: "nats-seed",
-}
+# NATS credentials: the kernel env names the bus hands a session (bus/credentials.py) -> file
+# (the names the in-kernel runtime reads them by, runtime/wire.py).
+NATS_SECRET_KEYS: Final = NATS_CREDENTIAL_FILES
 # Writable directories of a read-only root: /tmp and home in memory (they count against the
 # memory limit, as docker's tmpfs do), the workspace on the node's disk.
 TMP_VOLUME: Final = "tmp"
@@ -370,9 +362,22 @@ def session_network_policy(request: SessionPod, settings: KubernetesSettings) ->
     }
 
 
+def owner_reference(pod: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``ownerReferences`` entry that names ``pod`` (a pod as the API server returned it
+    from its creation: only then does it have a ``uid``) as the owner of its session's Secret
+    and NetworkPolicy, so that a cluster's garbage collector removes them with it. None when
+    the pod has no uid (a server that did not give one)."""
+    metadata = pod.get("metadata") or {}
+    uid, name = metadata.get("uid"), metadata.get("name")
+    if not uid or not name:
+        return None
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid}
+
+
 def session_objects(request: SessionPod, settings: KubernetesSettings) -> list[dict[str, Any]]:
     """Everything one sandbox needs, in the order to create it: Secret and NetworkPolicy first,
-    so the pod never starts without its token or unconfined."""
+    so the pod never starts without its token or unconfined (then both get the created pod as
+    their owner: ``owner_reference``)."""
     return [
         session_secret(request, settings),
         session_network_policy(request, settings),

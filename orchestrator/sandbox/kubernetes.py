@@ -19,10 +19,15 @@ A warm pool (``pool_size``, ``[kubernetes] pool_size`` by ``from_settings``) kee
 for the workspace path most recently used (a pod's volumes are fixed at creation); a session
 with the backend's default policy and that path takes one (``assign``: its cwd and env).
 
-Not here yet: the workspace's contents (the pod's workspace is
-an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
-this backend yet (``sandbox/choice.py``); it is built in code: ``from_settings`` (the
-cluster of ``[kubernetes]``) or ``KubernetesBackend(K8sApi(...))``.
+Once the pod is created, its Secret and NetworkPolicy name it as their owner
+(``K8sApi.create``), so a cluster's garbage collector removes them with it. The kernel reads
+the session's NATS credentials from the Secret's files, not from its env (``_session_env``).
+
+Not here yet: the workspace's contents (the pod's workspace is an empty volume),
+port-forward. ``--backend kubernetes`` chooses this backend (``sandbox/choice.py``); print
+mode and the daemon build it with ``from_settings`` (the cluster of ``[kubernetes]``, the
+defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
+``KubernetesBackend(K8sApi(...))``.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import secrets
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +48,7 @@ from typing import Any, Final
 import httpx
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.runtime.wire import ENV_NATS_CREDENTIALS_DIR, NATS_CREDENTIAL_FILES
 from orchestrator.sandbox.base import (
     CellResult,
     OutputListener,
@@ -52,12 +59,14 @@ from orchestrator.sandbox.base import (
     WorkspaceMode,
 )
 from orchestrator.sandbox.confined import session_env, start_kernel
+from orchestrator.sandbox.defaults import sandbox_defaults
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
 from orchestrator.sandbox.k8s_api import K8sApi, api_client
 from orchestrator.sandbox.k8s_manifests import (
     LABEL_INSTANCE,
     LABEL_SESSION,
+    SECRET_DIR,
     SessionPod,
     pod_name,
     session_objects,
@@ -92,6 +101,11 @@ GATEWAY_PROBE_TIMEOUT_S: Final = 2.0
 POOL_SESSION_ID: Final = "pool"
 
 
+def nats_credentials(env: Mapping[str, str]) -> dict[str, str]:
+    """The NATS credentials in ``env`` (those a session's Secret holds as files)."""
+    return {name: env[name] for name in NATS_CREDENTIAL_FILES if env.get(name)}
+
+
 def gateway_url(ip: str, port: int) -> str:
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}"
@@ -114,6 +128,9 @@ class KubernetesSandbox(GatewaySandbox):
         self._stopped = False
         self._lock = asyncio.Lock()
         self._recorded: SandboxRef | None = None
+        # The NATS credentials the pod's Secret holds as files (those of the spec it is
+        # created for): while the session's are these, its kernel reads them there.
+        self._secret_credentials = nats_credentials(spec.env)
 
     # --- GatewaySandbox ---------------------------------------------------------------------
 
@@ -270,7 +287,17 @@ class KubernetesSandbox(GatewaySandbox):
             await self.backend._report_up(ref)
 
     def _session_env(self) -> dict[str, str]:
-        return session_env(self.spec, relayed=False)  # NATS by its URL: no relay in a pod
+        """The kernel's env: NATS by its URL (no relay in a pod); the session's NATS
+        credentials read from the Secret's files when it holds them (not sent over the pod
+        network), else in the env (a pooled pod's Secret has only its token; an adopted pod's
+        is not read)."""
+        env = session_env(self.spec, relayed=False)
+        credentials = nats_credentials(env)
+        if credentials and credentials == self._secret_credentials:
+            for name in credentials:
+                del env[name]
+            env[ENV_NATS_CREDENTIALS_DIR] = SECRET_DIR
+        return env
 
     async def _setup(self) -> None:
         assert self.client is not None
@@ -282,6 +309,7 @@ class KubernetesSandbox(GatewaySandbox):
         """Take over ``ref``, the pod of an earlier orchestrator (``SandboxError`` when it
         is not ours, not ready, or its kernel does not answer)."""
         backend = self.backend
+        self._secret_credentials = {}  # not read back: a restarted kernel gets them in its env
         pod = await asyncio.to_thread(backend.api.read_pod, ref.ref)
         if pod is None:
             raise SandboxError(f"pod {ref.ref} is gone")
@@ -437,20 +465,14 @@ class KubernetesBackend(SandboxBackend):
         """A backend for ``settings``' cluster (``[kubernetes]``: ``api_client``) with its
         sandbox policy and REPL settings as defaults; ``options`` are passed on."""
         k8s = settings.kubernetes
-        sandbox = settings.sandbox
+        options.setdefault("pool_size", k8s.pool_size)
         return cls(
             K8sApi(api_client(k8s), k8s.namespace),
             instance=instance,
             settings=k8s,
-            image=sandbox.image,
-            workspace_mode=sandbox.workspace,
-            memory_bytes=sandbox.memory_bytes,
-            cpus=sandbox.cpus,
-            pids_limit=sandbox.pids_limit,
             network=network,
-            interrupt_grace_s=settings.interrupt_grace_s,
-            output_cap_chars=settings.output_cap_chars,
-            **{"pool_size": k8s.pool_size, **options},
+            **sandbox_defaults(settings),
+            **options,
         )
 
     def policy_for(self, spec: SandboxSpec) -> StoredSandboxPolicy:

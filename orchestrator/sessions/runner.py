@@ -67,8 +67,14 @@ def make_backend(name: str, settings: Settings, *, network: bool = False) -> San
 
 
 def choose(name: str, settings: Settings) -> BackendChoice:
-    """The rule with this process's probes (docker: the config's image; bwrap: cached)."""
-    return choose_backend(name, lambda: _docker_status(settings), _bwrap_status)
+    """The rule with this process's probes (docker: the config's image; bwrap: cached;
+    kubernetes: the cluster of ``[kubernetes]``, asked only when named)."""
+    return choose_backend(
+        name,
+        lambda: _docker_status(settings),
+        _bwrap_status,
+        kubernetes_status=lambda: _kubernetes_status(settings),
+    )
 
 
 def backend_for(choice: BackendChoice, settings: Settings, *, network: bool) -> SandboxBackend:
@@ -80,6 +86,14 @@ def backend_for(choice: BackendChoice, settings: Settings, *, network: bool) -> 
         # default: the pool fills for the root's workspace after its own cold start, so
         # subagents (same cwd) start warm.
         return DockerBackend.from_settings(settings, network=network)
+    if choice.name == "kubernetes":
+        from orchestrator.instance import instance_id
+        from orchestrator.sandbox.kubernetes import KubernetesBackend
+
+        # A pod per session in [kubernetes]'s namespace, with [sandbox]'s policy. Its pods are
+        # labelled as a run's (not a daemon's): no daemon adopts or removes them, and this
+        # run deletes them when it ends (a run killed with -9 leaves them: docs/kubernetes.md).
+        return KubernetesBackend.from_settings(settings, instance=instance_id(), network=network)
     if choice.name == "bwrap":
         from orchestrator.sandbox.bwrap import BwrapBackend
 
@@ -130,6 +144,12 @@ def _bwrap_status() -> tuple[bool, str]:
     from orchestrator.sandbox.bwrap_probe import bwrap_usable
 
     return bwrap_usable()
+
+
+def _kubernetes_status(settings: Settings) -> tuple[bool, str]:
+    from orchestrator.sandbox.k8s_status import kubernetes_usable  # the client: only when asked
+
+    return kubernetes_usable(settings.kubernetes)
 
 
 async def run_session(

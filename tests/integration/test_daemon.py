@@ -182,7 +182,7 @@ async def _conversation(tmp_path: Path, model: FakeModelServer) -> str:
         ("prompt", {"session": sid, "text": "  "}, "invalid_argument"),
         ("create_session", {"cwd": "relative/dir"}, "invalid_argument"),
         ("create_session", {"cwd": str(tmp_path), "model": "nosuchprovider/x"}, "invalid_argument"),
-        ("create_session", {"cwd": str(tmp_path), "backend": "kubernetes"}, "invalid_argument"),
+        ("create_session", {"cwd": str(tmp_path), "backend": "podman"}, "invalid_argument"),
         # An extra mount over a path the sandbox needs, or of a source that is not there.
         (
             "create_session",

@@ -20,8 +20,16 @@ from typing import Any, Final
 import pytest
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.runtime.wire import (
+    ENV_NATS_CREDENTIALS_DIR,
+    ENV_NATS_PASSWORD,
+    ENV_NATS_URL,
+    ENV_NATS_USER,
+    ENV_SESSION_ID,
+)
 from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.k8s_manifests import SECRET_DIR
 from orchestrator.sandbox.kubernetes import KubernetesBackend
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
 from tests.helpers import need, wait_until
@@ -53,6 +61,19 @@ POD_MEMORY: Final = 512 * MIB
 SHORT_CELL_S: Final = 1.0
 BIG: Final = ResourceLimits(memory_bytes=1024 * MIB)
 KINDS: Final = ("pods", "secrets", "networkpolicies")
+NATS_ENV: Final = {
+    ENV_NATS_URL: "nats://nats:4222",
+    ENV_SESSION_ID: "s-cells",
+    ENV_NATS_USER: "s-cells",
+    ENV_NATS_PASSWORD: "pw-in-secret",
+}
+# The password as the kernel env has it, as the in-kernel runtime reads it, and the directory
+# of credential files the env names.
+READ_CREDENTIALS: Final = (
+    "import os; from orchestrator.runtime.host import HostConfig; "
+    f"os.environ.get({ENV_NATS_PASSWORD!r}), HostConfig.from_env().password, "
+    f"os.environ.get({ENV_NATS_CREDENTIALS_DIR!r})"
+)
 
 
 class Recorder:
@@ -110,6 +131,12 @@ def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> S
     )
 
 
+def pod_uid(pod: dict[str, Any]) -> str:
+    uid = pod["metadata"]["uid"]  # the emulator gives one, as an API server does
+    assert isinstance(uid, str) and uid
+    return uid
+
+
 def kubelet_containers(docker: Any) -> list[Any]:
     return list(
         docker.containers.list(all=True, filters={"label": f"{TEST_LABEL}={TEST_LABEL_VALUE}"})
@@ -129,17 +156,28 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
     async with running_node(node):
         backend = backend_for(cluster)
         try:
-            sandbox = await backend.create(spec_for("s-cells", tmp_path))
+            spec = replace(spec_for("s-cells", tmp_path), env=NATS_ENV)
+            sandbox = await backend.create(spec)
             name = sandbox.name
             assert all(name in cluster.names(kind) for kind in KINDS)
-            # Three objects created, the pod watched until Ready (never polled: no reads).
+            # Three objects created, the Secret and the NetworkPolicy patched to name the pod
+            # as their owner, the pod watched until Ready (never polled: no reads).
             calls = dict(backend.api.calls)
-            assert calls.pop("create") == 3 and calls.pop("watch") >= 1
-            assert calls == {}
+            assert calls.pop("create") == 3 and calls.pop("patch") == 2
+            assert calls.pop("watch") >= 1 and calls == {}
+            pod = cluster.object("pods", name)
+            owner = {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod_uid(pod)}
+            for kind in ("secrets", "networkpolicies"):
+                assert cluster.object(kind, name)["metadata"]["ownerReferences"] == [owner]
             await run(sandbox, "x = 41")
             assert await run(sandbox, "x + 1") == "42"
             assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
                 f"(1000, '{WORKSPACE}')"
+            )
+            # The NATS credentials are the Secret's files, not the kernel env's: the runtime
+            # reads them there.
+            assert await run(sandbox, READ_CREDENTIALS) == (
+                f"(None, 'pw-in-secret', '{SECRET_DIR}')"
             )
             assert await sandbox.is_alive()
             info = await sandbox.info()
@@ -207,11 +245,13 @@ async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
             assert backend.pool is not None
             await backend.pool.wait_ready(START_TIMEOUT_S)
             (idle,) = cluster.names("pods") - {first.name}
-            spec = replace(spec_for("s-second", tmp_path), env={"PA_TEST_VALUE": "handed"})
-            second = await backend.create(spec)
+            env = {**NATS_ENV, "PA_TEST_VALUE": "handed"}
+            second = await backend.create(replace(spec_for("s-second", tmp_path), env=env))
             assert second.name == idle and second.ref.session_id == "s-second"
             assert backend.pool.statistics().hits == 1
             assert await run(second, "__import__('os').environ['PA_TEST_VALUE']") == "'handed'"
+            # The pooled pod's Secret holds only its token: the credentials are in the env.
+            assert await run(second, READ_CREDENTIALS) == "('pw-in-secret', 'pw-in-secret', None)"
             other = await backend.create(replace(spec_for("s-big", tmp_path), limits=BIG))
             assert other.name not in {first.name, idle}  # another policy: a cold start
         finally:

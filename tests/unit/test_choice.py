@@ -1,6 +1,6 @@
 """The backend rule of ``orchestrator/sandbox/choice.py``, branch by branch: which backend, which
-warning, which error, and which backends were even looked at (a probe costs a docker ping or a
-bwrap start)."""
+warning, which error, and which backends were even looked at (a probe costs a docker ping, a
+bwrap start or a call to a cluster's API server)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from orchestrator.control.eval_config import EvalConfig
 from orchestrator.errors import UserError
 from orchestrator.sandbox.choice import (
     BACKEND_CHOICES,
+    KUBERNETES_FIX,
     LOCAL_WARNING,
     BackendChoice,
     BackendRequest,
@@ -35,6 +36,10 @@ class Status:
         return self.usable, self.why
 
 
+def unasked() -> tuple[bool, str]:
+    raise AssertionError("the kubernetes status was asked for another backend")
+
+
 def up() -> Status:
     return Status(True)
 
@@ -45,7 +50,7 @@ def down(why: str) -> Status:
 
 def test_local_is_local_with_its_warning_and_probes_nothing() -> None:
     docker, bwrap = up(), up()
-    choice = choose_backend("local", docker, bwrap)
+    choice = choose_backend("local", docker, bwrap, kubernetes_status=unasked)
     assert choice == BackendChoice("local", LOCAL_WARNING)
     assert "does not isolate" in choice.warning and "\n" not in choice.warning
     assert docker.calls == bwrap.calls == 0
@@ -53,19 +58,28 @@ def test_local_is_local_with_its_warning_and_probes_nothing() -> None:
 
 def test_auto_is_docker_when_docker_is_usable_without_probing_bwrap() -> None:
     docker, bwrap = up(), up()
-    assert choose_backend("auto", docker, bwrap) == BackendChoice("docker")
+    assert choose_backend("auto", docker, bwrap, kubernetes_status=unasked) == BackendChoice(
+        "docker"
+    )
     assert docker.calls == 1 and bwrap.calls == 0
 
 
 def test_auto_is_bwrap_without_docker_and_with_no_warning() -> None:
     docker, bwrap = down("no engine"), up()
-    assert choose_backend("auto", docker, bwrap) == BackendChoice("bwrap")
+    assert choose_backend("auto", docker, bwrap, kubernetes_status=unasked) == BackendChoice(
+        "bwrap"
+    )
     assert docker.calls == 1 and bwrap.calls == 1
 
 
 def test_auto_refuses_in_one_line_naming_both_fixes_when_neither_works() -> None:
     with pytest.raises(UserError) as caught:
-        choose_backend("auto", down("no engine"), down("bubblewrap is not installed"))
+        choose_backend(
+            "auto",
+            down("no engine"),
+            down("bubblewrap is not installed"),
+            kubernetes_status=unasked,
+        )
     text = str(caught.value)
     assert "\n" not in text
     assert "docker (no engine)" in text and "bwrap (bubblewrap is not installed)" in text
@@ -75,25 +89,48 @@ def test_auto_refuses_in_one_line_naming_both_fixes_when_neither_works() -> None
 
 def test_docker_explicit_is_docker_or_an_error_and_never_another_backend() -> None:
     bwrap = up()
-    assert choose_backend("docker", up(), bwrap) == BackendChoice("docker")
+    assert choose_backend("docker", up(), bwrap, kubernetes_status=unasked) == BackendChoice(
+        "docker"
+    )
     with pytest.raises(UserError, match="the docker backend is not usable: no engine"):
-        choose_backend("docker", down("no engine"), bwrap)
+        choose_backend("docker", down("no engine"), bwrap, kubernetes_status=unasked)
     assert bwrap.calls == 0
 
 
 def test_bwrap_explicit_is_bwrap_or_an_error_and_never_asks_docker() -> None:
     docker = up()
-    assert choose_backend("bwrap", docker, up()) == BackendChoice("bwrap")
+    assert choose_backend("bwrap", docker, up(), kubernetes_status=unasked) == BackendChoice(
+        "bwrap"
+    )
     with pytest.raises(UserError, match="the bwrap backend is not usable: refused"):
-        choose_backend("bwrap", docker, down("refused"))
+        choose_backend("bwrap", docker, down("refused"), kubernetes_status=unasked)
     assert docker.calls == 0
 
 
 def test_an_unknown_backend_is_refused_naming_the_choices() -> None:
     docker, bwrap = up(), up()
-    with pytest.raises(UserError, match="unknown backend 'kubernetes'; use auto, docker, bwrap"):
-        choose_backend("kubernetes", docker, bwrap)
+    with pytest.raises(
+        UserError, match="unknown backend 'podman'; use auto, docker, bwrap, local, kubernetes"
+    ):
+        choose_backend("podman", docker, bwrap, kubernetes_status=unasked)
     assert docker.calls == bwrap.calls == 0
+
+
+def test_kubernetes_is_chosen_only_by_name_and_only_when_its_cluster_answers() -> None:
+    docker, bwrap, cluster = up(), up(), up()
+    choice = choose_backend("kubernetes", docker, bwrap, kubernetes_status=cluster)
+    assert choice == BackendChoice("kubernetes") and not choice.warning
+    assert (docker.calls, bwrap.calls, cluster.calls) == (0, 0, 1)
+    why = "no usable cluster configuration: Invalid kube-config file. No configuration found."
+    with pytest.raises(UserError) as caught:
+        choose_backend("kubernetes", docker, bwrap, kubernetes_status=down(why))
+    text = str(caught.value)
+    assert text.startswith(f"the kubernetes backend is not usable: {why}; ") and "\n" not in text
+    assert text.endswith(KUBERNETES_FIX) and "$KUBECONFIG" in text  # what to do
+    # auto never asks the cluster, even when nothing else works here.
+    with pytest.raises(UserError, match="no sandbox backend is usable here"):
+        choose_backend("auto", down("no engine"), down("refused"), kubernetes_status=cluster)
+    assert cluster.calls == 1
 
 
 def test_every_place_that_names_the_backends_names_the_same_ones() -> None:

@@ -158,7 +158,7 @@ def test_example_config_is_valid() -> None:
             "task: x\nmodel: {name: openai/m, api_key_env: sk-123}\n",
             "eval.yaml: model.api_key_env: must be the name of an environment variable",
         ),
-        (MINIMAL + "backend: kubernetes\n", "eval.yaml: backend: must be 'auto', 'docker'"),
+        (MINIMAL + "backend: podman\n", "eval.yaml: backend: must be 'auto', 'docker'"),
         (MINIMAL + "sandbox:\n  memory_mib: 1\n", "eval.yaml: sandbox.memory_mib: must be >= 128"),
         (MINIMAL + "sandbox:\n  cpus: 0\n", "eval.yaml: sandbox.cpus: must be > 0"),
         (MINIMAL + "compaction: yes\n", "eval.yaml: compaction: must be a mapping"),

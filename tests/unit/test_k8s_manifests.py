@@ -38,6 +38,7 @@ from orchestrator.sandbox.k8s_manifests import (
     ORCHESTRATOR_APP,
     SECRET_DIR,
     SessionPod,
+    owner_reference,
     pod_name,
     secret_files,
     session_network_policy,
@@ -256,6 +257,25 @@ def test_ownership_labels_name_instance_session_and_root() -> None:
     daemons = replace(pod_request, spec=replace(pod_request.spec, die_with_parent=False))
     for obj in session_objects(daemons, settings):
         assert obj["metadata"]["labels"][LABEL_DAEMON] == "true"
+
+
+def test_the_created_pod_is_named_as_owner_of_its_secret_and_policy() -> None:
+    pod_request, settings = CASES["defaults"]
+    secret, network_policy, pod = session_objects(pod_request, settings)
+    assert owner_reference(pod) is None  # as built: only the API server gives a uid
+    created = copy.deepcopy(pod)
+    created["metadata"]["uid"] = "8f6ae0c2-4f8e-4e0b-9c49-2d1f6a7b3c10"
+    owner = owner_reference(created)
+    assert owner == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": pod_request.name,
+        "uid": "8f6ae0c2-4f8e-4e0b-9c49-2d1f6a7b3c10",
+    }
+    for obj in (secret, network_policy):  # what the patch makes of them is valid everywhere
+        owned = copy.deepcopy(obj)
+        owned["metadata"]["ownerReferences"] = [owner]
+        validate_everywhere(owned)
 
 
 def test_pod_names_are_unique_per_start() -> None:

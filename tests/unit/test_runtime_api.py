@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,6 +244,32 @@ def test_config_from_env() -> None:
     for raw in ("", "x", "-1", "0"):
         env = {wire.ENV_NATS_URL: "u", wire.ENV_SESSION_ID: SID, wire.ENV_REQUEST_TIMEOUT_S: raw}
         assert HostConfig.from_env(env).timeout_s == wire.HOST_REQUEST_TIMEOUT_S
+
+
+def test_config_reads_the_nats_credentials_a_directory_holds(tmp_path: Path) -> None:
+    """A pod's Secret: the credentials as files, named by wire.NATS_CREDENTIAL_FILES; a
+    variable that is set wins over its file; a file that is absent is no credential."""
+    (tmp_path / "nats-user").write_text("u-from-file\n")
+    (tmp_path / "nats-password").write_text("pw-from-file")
+    base = {
+        wire.ENV_NATS_URL: "nats://nats:4222",
+        wire.ENV_SESSION_ID: SID,
+        wire.ENV_NATS_CREDENTIALS_DIR: str(tmp_path),
+    }
+    config = HostConfig.from_env(base)
+    assert (config.user, config.password) == ("u-from-file", "pw-from-file")
+    assert config.jwt is None and config.nkey_seed is None
+    assert config.auth_options() == {"user": "u-from-file", "password": "pw-from-file"}
+    sent = HostConfig.from_env({**base, wire.ENV_NATS_PASSWORD: "pw-from-env"})
+    assert (sent.user, sent.password) == ("u-from-file", "pw-from-env")
+    (tmp_path / "nats-jwt").write_text("eyJ0eXAiOiJKV1QifQ.e30.sig")
+    (tmp_path / "nats-seed").write_text("SUAEXAMPLESEED")
+    jwt = HostConfig.from_env(base)
+    assert (jwt.jwt, jwt.nkey_seed) == ("eyJ0eXAiOiJKV1QifQ.e30.sig", "SUAEXAMPLESEED")
+    (tmp_path / "nats-seed").unlink()
+    (tmp_path / "nats-seed").mkdir()  # unreadable as a file: one line, no traceback text
+    with pytest.raises(HostUnavailable, match="cannot read the NATS credential nats-seed"):
+        HostConfig.from_env(base)
 
 
 async def test_request_without_env_is_host_unavailable() -> None:
