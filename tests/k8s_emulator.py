@@ -172,7 +172,8 @@ class DockerNode:
             stack.close()
 
     def _start(self, core: Any, name: str, pod: dict[str, Any]) -> None:
-        secret_name = pod["spec"]["volumes"][-1]["secret"]["secretName"]
+        volumes = pod["spec"]["volumes"]
+        (secret_name,) = [v["secret"]["secretName"] for v in volumes if "secret" in v]
         secret = self.api_client.sanitize_for_serialization(
             core.read_namespaced_secret(secret_name, NAMESPACE)
         )
