@@ -24,24 +24,23 @@ from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
-from tests.helpers import need, wait_until
+from tests.helpers import wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
     EVICTED_MESSAGE,
     NAMESPACE,
     PULL_MESSAGE,
     UNSCHEDULABLE_MESSAGE,
-    DockerNode,
     EmulatedCluster,
     NodeMode,
+    docker_for_pods,
     emulated_cluster,
-    running_node,
+    node_on,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
 INSTANCE: Final = "test-instance"
-WORKSPACE: Final = Path("/workspace/project")
 CELL_TIMEOUT_S: Final = 60.0
 START_TIMEOUT_S: Final = 90.0
 GONE_TIMEOUT_S: Final = 30.0
@@ -70,16 +69,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 @pytest.fixture
@@ -101,11 +91,18 @@ def backend_for(
     )
 
 
+def workspace_of(tmp_path: Path) -> Path:
+    """The test's project on the host (copied into each pod at the same path)."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    return project
+
+
 def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> SandboxSpec:
     return SandboxSpec(
         session_id=session,
-        cwd=WORKSPACE,
-        artifacts_dir=tmp_path,
+        cwd=workspace_of(tmp_path),
+        artifacts_dir=tmp_path / f"artifacts-{session}",
         die_with_parent=die_with_parent,
     )
 
@@ -125,8 +122,7 @@ async def run(sandbox: Any, code: str) -> str:
 async def test_a_session_pod_runs_cells_and_stop_deletes_it(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker) as node:
         backend = backend_for(cluster)
         try:
             sandbox = await backend.create(spec_for("s-cells", tmp_path))
@@ -138,8 +134,8 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             assert calls == {}
             await run(sandbox, "x = 41")
             assert await run(sandbox, "x + 1") == "42"
-            assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
-                f"(1000, '{WORKSPACE}')"
+            assert await run(sandbox, "import os; print(os.getuid(), os.getcwd())") == (
+                f"1000 {workspace_of(tmp_path)}"
             )
             assert await sandbox.is_alive()
             info = await sandbox.info()
@@ -153,8 +149,8 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             assert await run(sandbox, "x + 1") == "42"
             # A restart loses the namespace; the session's cwd is applied again.
             await sandbox.restart_kernel()
-            assert await run(sandbox, "'x' in dir(), __import__('os').getcwd()") == (
-                f"(False, '{WORKSPACE}')"
+            assert await run(sandbox, "print('x' in dir(), __import__('os').getcwd())") == (
+                f"False {workspace_of(tmp_path)}"
             )
             container = node.containers[name]
             await sandbox.stop()
@@ -183,8 +179,7 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
 async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_nothing(
     cluster: EmulatedCluster, tmp_path: Path, mode: NodeMode, words: str
 ) -> None:
-    node = DockerNode(cluster.api_client(), None, mode=mode)  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, mode):  # runs nothing: no Docker
         backend = backend_for(cluster)
         try:
             with pytest.raises(SandboxStartError) as raised:
@@ -199,8 +194,7 @@ async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_noth
 async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker):
         backend = backend_for(cluster, pool_size=1)
         try:
             first = await backend.create(spec_for("s-first", tmp_path))  # cold; fills the pool
@@ -222,8 +216,7 @@ async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
 async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
     cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, "pending") as node:  # runs nothing: no Docker
         backend = backend_for(cluster, start_timeout_s=SHORT_START_S)
         try:
             with pytest.raises(
@@ -237,8 +230,7 @@ async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
 
 
 async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, "pending") as node:  # runs nothing: no Docker
         backend = backend_for(cluster)
         try:
             start = asyncio.ensure_future(backend.create(spec_for("s-cancel", tmp_path)))
@@ -255,8 +247,7 @@ async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_pa
 async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker) as node:
         backend = backend_for(cluster)
         try:
             sandbox = await backend.create(spec_for("s-oom", tmp_path))
@@ -282,8 +273,7 @@ async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
 async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker):
         first = backend_for(cluster)  # the orchestrator that is "killed": never closed
         recorder = Recorder()
         first.listener = recorder
@@ -354,8 +344,7 @@ async def test_from_settings_reaches_the_cluster_of_its_kubeconfig_context(
     backend = KubernetesBackend.from_settings(settings, instance=INSTANCE)
     policy = backend.policy_for(spec_for("s-config", tmp_path))
     assert (policy.memory_bytes, policy.cpus) == (768 * MIB, 0.5)
-    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing
-    async with running_node(node):
+    async with node_on(cluster, None, "unschedulable") as node:  # runs nothing
         try:
             with pytest.raises(SandboxStartError, match="cannot be scheduled"):
                 await backend.create(spec_for("s-config", tmp_path))
