@@ -20,9 +20,11 @@ from typing import Any, Final
 import pytest
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.runtime.snapshot import read_manifest
 from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
+from orchestrator.sessions.snapshots import KeptSandbox, NamespaceKeeper
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
 from tests.helpers import wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
@@ -161,6 +163,67 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
                 lambda: container.id not in {c.id for c in kubelet_containers(docker)},
                 timeout=GONE_TIMEOUT_S,
             )
+        finally:
+            await backend.close()
+
+
+SKILL_CODE: Final = "VALUE = 7\n"
+BIG_PRINT_CHARS: Final = 100_000  # over the output cap: the host writes the artifact
+
+
+async def test_files_cross_between_host_and_pod(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """The project is copied in and synced back at stop; a skill is importable and read-only
+    at the path the prompt names; a host-written output file opens in the next cell; a
+    snapshot the kernel commits is on the host at once and revives the namespace in a new
+    pod (docs/kubernetes.md, "Files between host and pod")."""
+    project = workspace_of(tmp_path)
+    (project / "data.txt").write_text("from the host")
+    (project / "keep.txt").write_text("untouched")
+    skill = tmp_path / "skills" / "my-skill"  # a skill directory holds its package
+    (skill / "myskill").mkdir(parents=True)
+    (skill / "myskill" / "__init__.py").write_text(SKILL_CODE)
+    snapshots = tmp_path / "snapshots" / "s-files"
+    spec = replace(spec_for("s-files", tmp_path), skill_dirs=(skill,), snapshot_dir=snapshots)
+    async with node_on(cluster, docker):
+        backend = backend_for(cluster)
+        try:
+            keeper = NamespaceKeeper(snapshots)
+            kept = KeptSandbox(await backend.create(spec), keeper)
+            await keeper.revive(kept.run_silent)  # nothing yet: the kernel may save now
+            assert await run(kept, "print(open('data.txt').read())") == "from the host"
+            await run(kept, "open('data.txt', 'w').write('from the pod')")
+            await run(kept, "open('made.txt', 'w').write('new')")
+            assert await run(kept, "import myskill; print(myskill.VALUE, myskill.__file__)") == (
+                "7 /opt/prime-agent/skills/my-skill/myskill/__init__.py"
+            )
+            denied = await kept.execute(
+                "open(myskill.__file__, 'a')", timeout_s=CELL_TIMEOUT_S, cell_id="ro"
+            )
+            assert denied.error is not None and denied.error.ename == "PermissionError"
+            big = await kept.execute(
+                f"print('b' * {BIG_PRINT_CHARS})", timeout_s=CELL_TIMEOUT_S, cell_id="big"
+            )
+            assert big.artifact_path is not None and big.artifact_path.is_file()
+            opened = f"print(len(open({str(big.artifact_path)!r}).read()) > {BIG_PRINT_CHARS})"
+            assert await run(kept, opened) == "True"
+            await run(kept, "kept_value = 5")
+            saved = await keeper.save(kept)
+            assert saved.get("ok"), saved
+            manifest = read_manifest(snapshots)  # on the host before the pod goes
+            assert manifest is not None
+            assert "kept_value" in [v["name"] for v in manifest["saved"]]
+            await kept.stop()
+            assert (project / "data.txt").read_text() == "from the pod"
+            assert (project / "made.txt").read_text() == "new"
+            assert (project / "keep.txt").read_text() == "untouched"
+            # A new pod: the snapshot goes in and the namespace comes back.
+            keeper = NamespaceKeeper(snapshots)
+            again = KeptSandbox(await backend.create(spec), keeper)
+            await keeper.revive(again.run_silent, new_sandbox=True)
+            assert await run(again, "print(kept_value)") == "5"
+            await again.stop()
         finally:
             await backend.close()
 
