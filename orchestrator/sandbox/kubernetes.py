@@ -73,6 +73,7 @@ from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
 from orchestrator.sandbox.pod_files import PodFiles
 from orchestrator.sandbox.pod_sync import (
     outputs_home,
+    outputs_path,
     pull_snapshot,
     pull_workspace,
     push_output,
@@ -654,6 +655,7 @@ class KubernetesBackend(SandboxBackend):
             log.warning("pod %s belongs to another prime-agent instance: kept", ref.ref)
             return
         await asyncio.to_thread(self.api.delete, ref.ref)
+        await asyncio.to_thread(remove_outputs_home, outputs_path(ref.ref))
 
     async def remove_unknown(self, known: set[str]) -> int:
         mine = self._names  # this object's pods, pooled ones included
@@ -661,6 +663,7 @@ class KubernetesBackend(SandboxBackend):
         unknown = [pod["metadata"] for pod in pods if pod["metadata"]["name"] not in known | mine]
         for metadata in unknown:
             await asyncio.to_thread(self.api.delete, metadata["name"])
+            await asyncio.to_thread(remove_outputs_home, outputs_path(metadata["name"]))
             session = (metadata.get("labels") or {}).get(LABEL_SESSION, "")
             log.info("removed unknown pod %s (session %s)", metadata["name"], session)
         return len(unknown)

@@ -50,6 +50,7 @@ from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy
 
 __all__ = [
     "outputs_home",
+    "outputs_path",
     "pull_snapshot",
     "pull_workspace",
     "push_output",
@@ -72,6 +73,11 @@ PULL_TOKEN_BYTES: Final = 4
 # --- cell outputs ---------------------------------------------------------------------------
 
 
+def outputs_path(pod: str) -> Path:
+    """Where pod ``pod``'s outputs directory is, on the host and inside."""
+    return Path(POD_OUTPUTS_DIR) / pod
+
+
 def outputs_home(pod: str) -> Path:
     """The host side of pod ``pod``'s outputs directory, made private: the same path the pod
     has in its outputs volume (``SandboxStartError`` when the shared parent is not a real
@@ -82,7 +88,7 @@ def outputs_home(pod: str) -> Path:
         parent.chmod(OUTPUTS_PARENT_MODE)  # past the umask
     if not stat.S_ISDIR(parent.lstat().st_mode):
         raise SandboxStartError(f"{parent} is not a directory: remove it")
-    home = parent / pod
+    home = outputs_path(pod)
     home.mkdir(mode=OUTPUTS_HOME_MODE, exist_ok=True)
     return home
 

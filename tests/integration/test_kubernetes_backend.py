@@ -24,6 +24,7 @@ from orchestrator.runtime.snapshot import read_manifest
 from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.kubernetes import KubernetesBackend
+from orchestrator.sandbox.pod_sync import outputs_path
 from orchestrator.sessions.snapshots import KeptSandbox, NamespaceKeeper
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
 from tests.helpers import wait_until
@@ -362,9 +363,11 @@ async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
             assert await run(adopted, "x + 1") == "42"  # the same kernel: its namespace kept
             assert await second.remove_unknown({ref.ref}) == 1
             assert not any(stray.name in cluster.names(kind) for kind in KINDS)
+            assert not outputs_path(stray.name).exists()  # its host side goes too
             assert {kept.name, printed.name} <= cluster.names("pods")  # not a daemon's pod
             await second.remove(ref)  # what the daemon does with one it could not adopt
             assert not any(kept.name in cluster.names(kind) for kind in KINDS)
+            assert not outputs_path(kept.name).exists()
         finally:
             await second.close()
             await printed.stop()
