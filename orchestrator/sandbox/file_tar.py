@@ -34,8 +34,6 @@ __all__ = [
     "FILES_MAX_BYTES",
     "FILES_PATH",
     "MTIME_NS_KEY",
-    "FilesTooLarge",
-    "UnsafeMember",
     "clear_dir",
     "pack",
     "safe_relative",
@@ -55,20 +53,12 @@ NS_PER_S: Final = 1_000_000_000
 WRITE_BITS: Final = 0o222
 
 
-class FilesTooLarge(SandboxError):
-    """A tree or stream holds more than the transfer's limit."""
-
-
-class UnsafeMember(SandboxError):
-    """A tar member that would land outside its destination, or of a kind not carried."""
-
-
 def safe_relative(name: str) -> PurePosixPath:
     """``name`` as a relative path inside its root (``.`` for the root itself);
-    ``UnsafeMember`` for an absolute path or one with ``..``."""
+    ``SandboxError`` for an absolute path or one with ``..``."""
     path = PurePosixPath(name)
     if path.is_absolute() or ".." in path.parts or "\x00" in name:
-        raise UnsafeMember(f"path {name!r} leaves its directory")
+        raise SandboxError(f"path {name!r} leaves its directory")
     return path
 
 
@@ -102,7 +92,7 @@ def _member(name: str, path: Path, st: os.stat_result) -> tarfile.TarInfo | None
 def pack(source: Path, out: IO[bytes], *, max_bytes: int = FILES_MAX_BYTES) -> int:
     """Write ``source`` (a directory: its contents; a file or link: that one member, named by
     its own name) to ``out`` as a tar stream; returns the bytes of regular files written.
-    ``FilesTooLarge`` past ``max_bytes``."""
+    ``SandboxError`` past ``max_bytes``."""
     top = source.lstat()
     if stat.S_ISDIR(top.st_mode):
         entries: Iterator[tuple[str, Path, os.stat_result]] = _walk(source)
@@ -117,7 +107,7 @@ def pack(source: Path, out: IO[bytes], *, max_bytes: int = FILES_MAX_BYTES) -> i
             if info.isreg():
                 total += info.size
                 if total > max_bytes:
-                    raise FilesTooLarge(f"{source} holds more than {max_bytes // 1024**2} MiB")
+                    raise SandboxError(f"{source} holds more than {max_bytes // 1024**2} MiB")
                 try:
                     with path.open("rb") as data:
                         tar.addfile(info, data)
@@ -180,11 +170,11 @@ def unpack(
     read_only: bool = False,
 ) -> int:
     """Unpack the tar ``stream`` into the directory ``dest`` (see the module docstring);
-    returns the bytes of regular files written. ``UnsafeMember`` or ``FilesTooLarge`` stop it
-    part-way: what was written stays. ``read_only``: every file and directory written loses
-    its write bits once all is in place."""
+    returns the bytes of regular files written. A ``SandboxError`` (a member that is not
+    safe, too many bytes) stops it part-way: what was written stays. ``read_only``: every file
+    and directory written loses its write bits once all is in place."""
     if not _real_dir(dest):
-        raise UnsafeMember(f"{dest} is not a directory")
+        raise SandboxError(f"{dest} is not a directory")
     total = 0
     dir_times: list[tuple[Path, int, int]] = []
     with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -194,7 +184,7 @@ def unpack(
                 dir_times.append((dest, info.mode & MODE_BITS, _mtime_ns(info)))
                 continue
             if not _parents_are_dirs(dest, rel):
-                raise UnsafeMember(f"{info.name!r} lies under something that is not a directory")
+                raise SandboxError(f"{info.name!r} lies under something that is not a directory")
             target = dest.joinpath(*rel.parts)
             if info.isdir():
                 if not _real_dir(target):
@@ -205,10 +195,10 @@ def unpack(
             elif info.isreg() or info.issym():
                 total += info.size
                 if total > max_bytes:
-                    raise FilesTooLarge(f"more than {max_bytes // 1024**2} MiB of files")
+                    raise SandboxError(f"more than {max_bytes // 1024**2} MiB of files")
                 _put(tar, info, target, read_only=read_only)
             else:
-                raise UnsafeMember(f"{info.name!r} is neither a file, a directory nor a link")
+                raise SandboxError(f"{info.name!r} is neither a file, a directory nor a link")
     for directory, mode, mtime in reversed(dir_times):  # children's writes first
         mode = mode & ~WRITE_BITS if read_only else mode | stat.S_IWUSR
         os.chmod(directory, mode | stat.S_IXUSR)

@@ -14,8 +14,9 @@ token (``Authorization: token ...``, compared in constant time):
 the workspace, home, the snapshot, skill and outputs directories a pod has); ``P`` is relative,
 without ``..``, and every directory on the way must be a real directory under ``R`` (never a
 symlink out). What a transfer carries and how it is unpacked safely is ``file_tar.py``; the
-files of one transfer hold at most ``FILES_MAX_BYTES``. The body streams straight into the
-unpacking thread (no spool file, bounded memory), and a tar streams out as it is packed.
+files of one transfer hold at most ``FILES_MAX_BYTES``; a refused transfer is a 400 with its
+reason. The body streams straight into the unpacking thread (no spool file, bounded memory),
+and a tar streams out as it is packed.
 
 Imported by ``gateway_main`` only when ``--files-root`` is given; tornado is the gateway's own.
 """
@@ -37,8 +38,6 @@ from orchestrator.errors import SandboxError
 from orchestrator.sandbox.file_tar import (
     FILES_MAX_BYTES,
     FILES_PATH,
-    FilesTooLarge,
-    UnsafeMember,
     clear_dir,
     pack,
     safe_relative,
@@ -58,7 +57,6 @@ HTTP_BAD_REQUEST: Final = 400
 HTTP_UNAUTHORIZED: Final = 401
 HTTP_FORBIDDEN: Final = 403
 HTTP_NOT_FOUND: Final = 404
-HTTP_TOO_LARGE: Final = 413
 
 
 class _Refused(Exception):
@@ -71,7 +69,7 @@ def _resolve(root: Path, path: str, *, make: bool) -> Path:
     """``root/path`` through real directories only (made when ``make``)."""
     try:
         rel = safe_relative(path)
-    except UnsafeMember as exc:
+    except SandboxError as exc:
         raise _Refused(HTTP_BAD_REQUEST, str(exc)) from exc
     current = root
     for index, part in enumerate(rel.parts):
@@ -207,9 +205,6 @@ class FilesHandler(web.RequestHandler):
         await asyncio.to_thread(self.chunks.put, None)
         try:
             await self.job
-        except FilesTooLarge as exc:
-            self._refuse(_Refused(HTTP_TOO_LARGE, str(exc)))
-            return
         except (SandboxError, OSError) as exc:
             self._refuse(_Refused(HTTP_BAD_REQUEST, str(exc)))
             return

@@ -108,7 +108,7 @@ class PodFiles:
             reader.close()  # a packer still writing gets EPIPE and stops
             await asyncio.wait({packing})
         packed = packing.exception()
-        if isinstance(packed, SandboxError):  # too large: the body was cut short for it
+        if isinstance(packed, SandboxError):  # e.g. too large: the body was cut short for it
             raise packed
         if response.status_code >= httpx.codes.BAD_REQUEST:
             raise self._failed(what, response.status_code, response.content)
