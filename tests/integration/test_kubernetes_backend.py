@@ -6,7 +6,8 @@ pod that cannot start (unschedulable, no image, evicted, not Ready in time) is a
 ``SandboxStartError`` and a cancelled start leaves nothing; an OOM-killed pod is
 ``KernelDied``; a new backend object adopts a recorded pod and removes a daemon pod it has no
 record of; the warm pool hands a ready pod over; ``from_settings`` finds the cluster through
-a kubeconfig context. What this does NOT show: scheduling, probes, NetworkPolicy
+a kubeconfig context; the workspace, a skill, a cell's output file and a snapshot cross between
+host and pod through the gateway (``pod_sync.py``). What this does NOT show: scheduling, probes, NetworkPolicy
 enforcement, label selectors on a real API server (docs/kubernetes.md, "Tests")."""
 
 from __future__ import annotations
