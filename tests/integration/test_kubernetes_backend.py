@@ -7,8 +7,9 @@ pod that cannot start (unschedulable, no image, evicted, not Ready in time) is a
 ``KernelDied``; a new backend object adopts a recorded pod and removes a daemon pod it has no
 record of; the warm pool hands a ready pod over; ``from_settings`` finds the cluster through
 a kubeconfig context; the workspace, a skill, a cell's output file and a snapshot cross between
-host and pod through the gateway (``pod_sync.py``). What this does NOT show: scheduling, probes, NetworkPolicy
-enforcement, label selectors on a real API server (docs/kubernetes.md, "Tests")."""
+host and pod through the gateway (``pod_sync.py``), to a pooled pod when it is handed over.
+What this does NOT show: scheduling, probes, NetworkPolicy enforcement, label selectors on a
+real API server (docs/kubernetes.md, "Tests")."""
 
 from __future__ import annotations
 
@@ -266,11 +267,22 @@ async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
             assert backend.pool is not None
             await backend.pool.wait_ready(START_TIMEOUT_S)
             (idle,) = cluster.names("pods") - {first.name}
-            spec = replace(spec_for("s-second", tmp_path), env={"PA_TEST_VALUE": "handed"})
+            # The session's files reach a pooled pod when it is handed over.
+            (workspace_of(tmp_path) / "handed.txt").write_text("to the pool")
+            skill = tmp_path / "skills" / "pool-skill"
+            (skill / "poolskill").mkdir(parents=True)
+            (skill / "poolskill" / "__init__.py").write_text(SKILL_CODE)
+            spec = replace(
+                spec_for("s-second", tmp_path),
+                env={"PA_TEST_VALUE": "handed"},
+                skill_dirs=(skill,),
+            )
             second = await backend.create(spec)
             assert second.name == idle and second.ref.session_id == "s-second"
             assert backend.pool.statistics().hits == 1
             assert await run(second, "__import__('os').environ['PA_TEST_VALUE']") == "'handed'"
+            assert await run(second, "print(open('handed.txt').read())") == "to the pool"
+            assert await run(second, "import poolskill; print(poolskill.VALUE)") == "7"
             other = await backend.create(replace(spec_for("s-big", tmp_path), limits=BIG))
             assert other.name not in {first.name, idle}  # another policy: a cold start
         finally:
