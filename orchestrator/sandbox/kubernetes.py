@@ -228,7 +228,8 @@ class KubernetesSandbox(GatewaySandbox):
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the objects, watch the pod until Ready, start the kernel, apply the session."""
+        """Create the objects, watch the pod until Ready, copy the session's files in (a pooled
+        pod's come at ``assign``), start the kernel, apply the session."""
         backend, spec = self.backend, self.spec
         started = time.monotonic()
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
