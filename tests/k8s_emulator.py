@@ -17,6 +17,11 @@ created there and plays the kubelet for each.
 
 ``seen`` is set when the node has seen a pod created.
 
+The setup every test that runs pods shares: ``docker_for_pods`` (the Docker client, or the
+test needs Docker and the session image: ``tests.helpers.need``), ``node_on`` (a node of one
+mode running for a block) and ``docker_cluster`` (an emulated cluster with a running node;
+the sandbox conformance suite's kubernetes variant uses it).
+
 What kmock does not do (docs/kubernetes.md, "Tests"): label and field selectors (a list or
 watch returns every object of the namespace), uid / resourceVersion / creationTimestamp, a
 pod's initial status, stringData -> data, server-side watch timeouts, owner-reference garbage
@@ -47,7 +52,7 @@ from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from tests.helpers import wait_until
+from tests.helpers import need, wait_until
 from tests.k8s_docker_kubelet import run_pod
 
 __all__ = [
@@ -55,8 +60,11 @@ __all__ = [
     "DockerNode",
     "EmulatedCluster",
     "NodeMode",
+    "docker_cluster",
+    "docker_for_pods",
     "emulated_cluster",
     "node_in_thread",
+    "node_on",
     "running_node",
     "serve_in_thread",
     "write_kubeconfig",
@@ -268,7 +276,8 @@ class DockerNode:
             stack.close()
 
     def _start(self, core: Any, name: str, pod: dict[str, Any]) -> None:
-        secret_name = pod["spec"]["volumes"][-1]["secret"]["secretName"]
+        volumes = pod["spec"]["volumes"]
+        (secret_name,) = [v["secret"]["secretName"] for v in volumes if "secret" in v]
         secret = self.api_client.sanitize_for_serialization(
             core.read_namespaced_secret(secret_name, NAMESPACE)
         )
@@ -306,3 +315,35 @@ async def running_node(node: DockerNode) -> AsyncIterator[DockerNode]:
     finally:
         node.stop.set()
         await task
+
+
+def docker_for_pods() -> Any:
+    """The Docker client a node runs pods with; the test needs Docker and the session image
+    (``need``: a skip, or a failure with ``CI=true``)."""
+    from orchestrator.errors import UserError
+    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
+
+    try:
+        client = docker_client()
+    except UserError as exc:
+        need("docker", str(exc))
+    if not image_exists(SESSION_IMAGE, client):
+        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
+    return client
+
+
+@contextlib.asynccontextmanager
+async def node_on(
+    cluster: EmulatedCluster, docker: Any, mode: NodeMode = "run"
+) -> AsyncIterator[DockerNode]:
+    """A node of ``mode`` for ``cluster``, running until the block ends (``docker``: None for
+    the modes that run nothing)."""
+    async with running_node(DockerNode(cluster.api_client(), docker, mode=mode)) as node:
+        yield node
+
+
+@contextlib.asynccontextmanager
+async def docker_cluster(docker: Any) -> AsyncIterator[tuple[EmulatedCluster, DockerNode]]:
+    """An emulated cluster whose node runs every pod on ``docker``."""
+    async with emulated_cluster() as cluster, node_on(cluster, docker) as node:
+        yield cluster, node

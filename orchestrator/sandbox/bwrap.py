@@ -115,14 +115,13 @@ from orchestrator.sandbox.confined import (
     outputs_dir,
     session_env,
     skill_mounts,
-    start_kernel,
 )
 from orchestrator.sandbox.confinement import Confinement, confine, reopen
 from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import ROOT_UID, container_user
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import TOKEN_ENV
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
 from orchestrator.sandbox.local import (
     LOG_TAIL_READ_BYTES,
     OWNER_ENV,
@@ -304,10 +303,8 @@ class BwrapSandbox(GatewaySandbox):
         self.init = proctree.read_proc(init_pid) if init_pid is not None else None
         client = gateway_client(self.socket_dir, self.token)
         self.client = client
-        client.on_restart = self._setup
         async with asyncio.timeout(backend.start_timeout_s):
-            await start_kernel(client, spec.cwd, self._session_env())
-            await self._setup()
+            await self._start_kernel(client)
         self.ref = self._ref(url, client.kernel_id)
         await self._record(self.ref)
         log.info(
@@ -433,11 +430,7 @@ class BwrapSandbox(GatewaySandbox):
     async def _setup(self) -> None:
         """Put the session's cwd and env in place (after every kernel start and restart)."""
         assert self.client is not None
-        pid = await apply_session(self.client, self.spec.cwd, self._session_env())
-        if pid is not None:
-            self.kernel_pid = pid
-        if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
-            await self.after_kernel_start(self.client.run_silent)
+        await self._apply_session(self.client)
 
     # --- Sandbox ----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ What it configures, and why (`docs/sandbox.md`, "Start-time tricks (measured)"):
 - The kernel restarter polls every 0.5 s instead of 3 s, so a killed kernel is noticed quickly.
 - Parent death: PR_SET_PDEATHSIG (``--die-with-parent``) plus a poll of the parent pid (the
   signal is tied to the parent *thread* and is lost across some exec paths).
+- ``--files-root DIR``: the host moves files in and out of those directories through the
+  gateway's own port and token (``gateway_files.py``; a Kubernetes pod cannot mount the host).
 - Child subreaper: processes the kernel starts in their own sessions (``%%bash``, daemons) are
   re-parented to us, not to init, when their parent dies, so on the way out we can sweep every
   descendant and leave nothing behind (R8).
@@ -176,6 +178,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--relay", action="append", default=[], metavar="PORT=SOCKET")
     # A Kubernetes pod: the token is a file of the session's Secret (docs/kubernetes.md).
     parser.add_argument("--token-file", type=Path, default=None)
+    # Directories the host may move files in and out of over HTTP (gateway_files.py): a pod's
+    # workspace, home, snapshot, skill and outputs directories. None: no files endpoint.
+    parser.add_argument("--files-root", action="append", default=[], metavar="DIR")
     return parser.parse_args(argv)
 
 
@@ -232,6 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         unix_socket=args.unix_socket,
     )
+    if args.files_root:
+        from orchestrator.sandbox.gateway_files import install_files_handler
+
+        install_files_handler(app.web_app, args.files_root)
     io_loop = app.io_loop
     for relay in args.relay:
         io_loop.add_callback(_start_relay, relay)

@@ -1,4 +1,5 @@
-"""A sandbox whose kernel is reached through one ``KernelGatewayClient`` (local and bwrap).
+"""A sandbox whose kernel is reached through one ``KernelGatewayClient`` (local, bwrap,
+kubernetes).
 
 What such a sandbox does per call is the same whatever holds the gateway (a child process, a
 bwrap namespace): a cell, host code and a restart take ``_lock`` (one at a time, whatever the
@@ -11,6 +12,9 @@ when the sandbox itself has exited).
 
 ``apply_session`` is what every sandbox over a gateway runs after each kernel start and
 restart (the docker sandbox too, which handles its calls itself: it replaces a lost container).
+``GatewaySandbox._start_kernel`` is the end of a bwrap or kubernetes sandbox's start, once its
+gateway answers: the kernel started with the session's env, the session applied in it, and
+applied again after every restart (``_apply_session``).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from orchestrator.errors import KernelDied, SandboxError
 from orchestrator.sandbox.base import CellResult, OutputListener, Sandbox, SandboxSpec
+from orchestrator.sandbox.confined import start_kernel
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.output import OutputCollector, artifact_path_for
 
@@ -73,6 +79,8 @@ class GatewaySandbox(Sandbox):
     output_cap_chars: int
     # How long an interrupted cell may take to stop before its kernel is restarted.
     interrupt_grace_s: float
+    # The kernel's pid as its last session setup reported it (None: not known).
+    kernel_pid: int | None = None
 
     @abc.abstractmethod
     def _usable(self) -> KernelGatewayClient:
@@ -95,6 +103,32 @@ class GatewaySandbox(Sandbox):
     def _artifact_root(self) -> Path:
         """Where a cell's full output is written (host side)."""
         return self.spec.artifacts_dir
+
+    def _session_env(self) -> dict[str, str]:
+        """The kernel's session env as seen inside (for ``_start_kernel``)."""
+        raise NotImplementedError(f"{type(self).__name__} starts its kernel itself")
+
+    def _import_path(self) -> Sequence[str]:
+        """Entries a kernel must have first on ``sys.path`` (``apply_session``)."""
+        return ()
+
+    async def _apply_session(self, client: KernelGatewayClient) -> None:
+        """Put the session's cwd and env in place in ``client``'s kernel (after every kernel
+        start and restart), then revive its namespace (``after_kernel_start``)."""
+        pid = await apply_session(
+            client, self.spec.cwd, self._session_env(), import_path=self._import_path()
+        )
+        if pid is not None:
+            self.kernel_pid = pid
+        if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
+            await self.after_kernel_start(client.run_silent)
+
+    async def _start_kernel(self, client: KernelGatewayClient) -> None:
+        """Start the kernel through ``client`` (its gateway answers) and apply the session;
+        every restart the gateway reports applies it again."""
+        client.on_restart = partial(self._apply_session, client)
+        await start_kernel(client, self.spec.cwd, self._session_env())
+        await self._apply_session(client)
 
     async def execute(
         self,

@@ -26,10 +26,12 @@ from orchestrator.sandbox.confined import (
     CONTAINER_GATEWAY_RUNTIME,
     CONTAINER_HOME,
     CONTAINER_NATS_PORT,
+    CONTAINER_SKILLS_DIR,
     GATEWAY_MODULE,
     session_env,
 )
 from orchestrator.sandbox.docker_run import CONTAINER_PYTHON
+from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.docker_user import SANDBOX_UID
 from orchestrator.sandbox.images import resolve_image
 from orchestrator.sandbox.k8s_hardening import container_security, pod_security
@@ -45,9 +47,11 @@ __all__ = [
     "LABEL_SESSION",
     "NATS_APP",
     "ORCHESTRATOR_APP",
+    "POD_OUTPUTS_DIR",
     "SECRET_DIR",
     "SESSION_APP",
     "SessionPod",
+    "files_roots",
     "owner_reference",
     "pod_name",
     "session_network_policy",
@@ -96,6 +100,17 @@ HOME_VOLUME: Final = "home"
 WORKSPACE_VOLUME: Final = "workspace"
 SECRET_VOLUME: Final = "secrets"
 MEMORY_MEDIUM: Final = "Memory"
+# What crosses between host and pod through the gateway's files endpoint (gateway_files.py),
+# each on the node's disk (docs/kubernetes.md, "Files between host and pod"): cell outputs
+# under one fixed path that the host uses too (a path in a tool result opens on both sides),
+# the session's namespace snapshot at docker's fixed path, and its skill directories.
+OUTPUTS_VOLUME: Final = "outputs"
+SNAPSHOT_VOLUME: Final = "snapshot"
+SKILLS_VOLUME: Final = "skills"
+POD_OUTPUTS_DIR: Final = "/tmp/prime-agent-pods"
+OUTPUTS_MIB: Final = 1024
+SNAPSHOT_MIB: Final = 1024  # two generations of SNAPSHOT_TOTAL_CAP_BYTES (256 MiB) and room
+SKILLS_MIB: Final = 64
 # Ephemeral storage beyond the workspace: the container's logs.
 LOG_STORAGE_MIB: Final = 256
 MILLICORES_PER_CPU: Final = 1000
@@ -177,13 +192,22 @@ def _command(spec: SandboxSpec, settings: KubernetesSettings) -> list[str]:
     ]
     for name in sorted(session_env(spec, relayed=False)):
         command += ["--env-allow", name]
+    for root in files_roots(spec):
+        command += ["--files-root", root]
     return command
+
+
+def files_roots(spec: SandboxSpec) -> list[str]:
+    """The directories the host may move files in and out of (``gateway_main --files-root``):
+    the workspace, home, and the outputs, snapshot and skills volumes."""
+    return [str(spec.cwd), CONTAINER_HOME, POD_OUTPUTS_DIR, CONTAINER_SNAPSHOT_DIR,
+            CONTAINER_SKILLS_DIR]  # fmt: skip
 
 
 def _resources(policy: StoredSandboxPolicy, settings: KubernetesSettings) -> dict[str, Any]:
     # Requests equal limits: the pod is Guaranteed, the last a node evicts under pressure.
     millicores = max(MIN_MILLICORES, round(policy.cpus * MILLICORES_PER_CPU))
-    storage_mib = settings.workspace_mib + LOG_STORAGE_MIB
+    storage_mib = settings.workspace_mib + LOG_STORAGE_MIB + OUTPUTS_MIB + SNAPSHOT_MIB + SKILLS_MIB
     amounts: dict[str, str] = {
         "cpu": f"{millicores}m",
         "memory": str(policy.memory_bytes),
@@ -210,6 +234,9 @@ def _volumes(request: SessionPod, settings: KubernetesSettings) -> list[dict[str
             "name": SECRET_VOLUME,
             "secret": {"secretName": request.name, "defaultMode": SECRET_FILE_MODE},
         },
+        {"name": OUTPUTS_VOLUME, "emptyDir": {"sizeLimit": f"{OUTPUTS_MIB}Mi"}},
+        {"name": SNAPSHOT_VOLUME, "emptyDir": {"sizeLimit": f"{SNAPSHOT_MIB}Mi"}},
+        {"name": SKILLS_VOLUME, "emptyDir": {"sizeLimit": f"{SKILLS_MIB}Mi"}},
     ]
 
 
@@ -218,12 +245,13 @@ def _mounts(request: SessionPod) -> list[dict[str, Any]]:
     return [
         {"name": TMP_VOLUME, "mountPath": "/tmp"},
         {"name": HOME_VOLUME, "mountPath": CONTAINER_HOME},
-        {
-            "name": WORKSPACE_VOLUME,
-            "mountPath": workspace,
-            "readOnly": request.policy.workspace == "ro",
-        },
+        # Writable in every mode: the host copies the project in through the gateway (an
+        # "ro" workspace is one whose changes are never copied back: docs/kubernetes.md).
+        {"name": WORKSPACE_VOLUME, "mountPath": workspace, "readOnly": False},
         {"name": SECRET_VOLUME, "mountPath": SECRET_DIR, "readOnly": True},
+        {"name": OUTPUTS_VOLUME, "mountPath": POD_OUTPUTS_DIR},
+        {"name": SNAPSHOT_VOLUME, "mountPath": CONTAINER_SNAPSHOT_DIR},
+        {"name": SKILLS_VOLUME, "mountPath": CONTAINER_SKILLS_DIR},
     ]
 
 

@@ -19,14 +19,19 @@ A warm pool (``pool_size``, ``[kubernetes] pool_size`` by ``from_settings``) kee
 for the workspace path most recently used (a pod's volumes are fixed at creation); a session
 with the backend's default policy and that path takes one (``assign``: its cwd and env).
 
+Files cross through the gateway's own port (``pod_sync.py``): the project is copied in at the
+start and synced back at stop (modes ``copy`` and ``rw``; ``ro`` is copied in only), skills are
+copied in without write bits, the session's snapshot is copied in before revival and every new
+snapshot is pulled back, and a cell's host-written output file is copied to the same path
+inside. A pooled pod gets them when it is assigned.
+
 Once the pod is created, its Secret and NetworkPolicy name it as their owner
 (``K8sApi.create``), so a cluster's garbage collector removes them with it. The kernel reads
 the session's NATS credentials from the Secret's files, not from its env (``_session_env``).
 
-Not here yet: the workspace's contents (the pod's workspace is an empty volume),
-port-forward. ``--backend kubernetes`` chooses this backend (``sandbox/choice.py``); print
-mode and the daemon build it with ``from_settings`` (the cluster of ``[kubernetes]``, the
-defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
+Not here yet: port-forward. ``--backend kubernetes`` chooses this backend
+(``sandbox/choice.py``); print mode and the daemon build it with ``from_settings`` (the cluster
+of ``[kubernetes]``, the defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
 ``KubernetesBackend(K8sApi(...))``.
 """
 
@@ -58,10 +63,11 @@ from orchestrator.sandbox.base import (
     SandboxSpec,
     WorkspaceMode,
 )
-from orchestrator.sandbox.confined import session_env, start_kernel
+from orchestrator.sandbox.confined import session_env, skill_mount_point
 from orchestrator.sandbox.defaults import sandbox_defaults
+from orchestrator.sandbox.docker_slots import CONTAINER_SNAPSHOT_DIR
 from orchestrator.sandbox.gateway import KernelGatewayClient
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
 from orchestrator.sandbox.k8s_api import K8sApi, api_client
 from orchestrator.sandbox.k8s_manifests import (
     LABEL_INSTANCE,
@@ -72,8 +78,21 @@ from orchestrator.sandbox.k8s_manifests import (
     session_objects,
 )
 from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
+from orchestrator.sandbox.pod_files import PodFiles
+from orchestrator.sandbox.pod_sync import (
+    outputs_home,
+    outputs_path,
+    pull_snapshot,
+    pull_workspace,
+    push_output,
+    push_skills,
+    push_snapshot,
+    push_workspace,
+    remove_outputs_home,
+)
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach_within
+from orchestrator.sandbox.workspace import WorkspaceCopy
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import (
     INTERRUPT_GRACE_S,
@@ -114,7 +133,9 @@ def gateway_url(ip: str, port: int) -> str:
 class KubernetesSandbox(GatewaySandbox):
     """One session pod with its gateway and kernel."""
 
-    def __init__(self, backend: KubernetesBackend, spec: SandboxSpec, name: str):
+    def __init__(
+        self, backend: KubernetesBackend, spec: SandboxSpec, name: str, *, idle: bool = False
+    ):
         self.backend = backend
         self.spec = spec
         self.name = name
@@ -131,6 +152,13 @@ class KubernetesSandbox(GatewaySandbox):
         # The NATS credentials the pod's Secret holds as files (those of the spec it is
         # created for): while the session's are these, its kernel reads them there.
         self._secret_credentials = nats_credentials(spec.env)
+        # Files between host and pod (pod_sync.py): the gateway's files endpoint once it
+        # answers, the host side of the pod's outputs directory, the project's host copy.
+        self.files: PodFiles | None = None
+        self.outputs: Path | None = None
+        self.workspace_copy: WorkspaceCopy | None = None
+        # A warm pool's pod: the session's files come when it is assigned one.
+        self.idle = idle
 
     # --- GatewaySandbox ---------------------------------------------------------------------
 
@@ -146,6 +174,10 @@ class KubernetesSandbox(GatewaySandbox):
 
     def _exit_message(self) -> str:
         return self.failure
+
+    def _artifact_root(self) -> Path:
+        # The outputs directory has the same path in the pod: a path in a result opens there.
+        return self.outputs if self.outputs is not None else self.spec.artifacts_dir
 
     async def _check_pod(self, exc: SandboxError) -> SandboxError:
         """``exc`` from the gateway, or ``KernelDied`` with the pod's line when it failed."""
@@ -172,11 +204,36 @@ class KubernetesSandbox(GatewaySandbox):
         on_output: OutputListener | None = None,
     ) -> CellResult:
         try:
-            return await super().execute(
+            result = await super().execute(
                 code, timeout_s=timeout_s, cell_id=cell_id, on_output=on_output
             )
         except SandboxError as exc:
             raise await self._check_pod(exc) from exc
+        artifact = result.artifact_path
+        # Written on the host (not spilled in the pod): copied to the same path inside.
+        if artifact is not None and self.files is not None and artifact.is_file():
+            try:
+                await push_output(self.files, artifact)
+            except SandboxError as exc:
+                log.warning("kubernetes: %s", exc)
+        return result
+
+    async def run_silent(
+        self, code: str, *, user_expressions: Mapping[str, str] | None = None, timeout_s: float
+    ) -> dict[str, Any]:
+        """Host code in the kernel; a snapshot it committed is pulled to the host at once
+        (``spec.snapshot_dir``), so that it outlives the pod."""
+        reply = await super().run_silent(
+            code, user_expressions=user_expressions, timeout_s=timeout_s
+        )
+        directory = self.spec.snapshot_dir
+        if directory is not None and self.files is not None:
+            async with self._lock:
+                try:
+                    await pull_snapshot(self.files, directory)
+                except (SandboxError, OSError) as exc:
+                    log.warning("kubernetes: pulling the snapshot of %s: %s", self.name, exc)
+        return reply
 
     async def restart_kernel(self) -> None:
         try:
@@ -187,10 +244,12 @@ class KubernetesSandbox(GatewaySandbox):
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the objects, watch the pod until Ready, start the kernel, apply the session."""
+        """Create the objects, watch the pod until Ready, copy the session's files in (a pooled
+        pod's come at ``assign``), start the kernel, apply the session."""
         backend, spec = self.backend, self.spec
         started = time.monotonic()
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
+        self.outputs = await asyncio.to_thread(outputs_home, self.name)
         request = SessionPod(
             spec, backend.policy_for(spec), backend.instance, self.token, self.name
         )
@@ -203,11 +262,12 @@ class KubernetesSandbox(GatewaySandbox):
         await self._record(self._ref(url, ""))
         await self._wait_gateway(url)
         booted = time.monotonic()
+        self.files = PodFiles(url, self.token)
+        if not self.idle:
+            await self._bring_in()
         client = KernelGatewayClient(url, self.token)
         self.client = client
-        client.on_restart = self._setup
-        await start_kernel(client, spec.cwd, self._session_env())
-        await self._setup()
+        await self._start_kernel(client)
         self.ref = self._ref(url, client.kernel_id)
         await self._record(self.ref)
         log.info(
@@ -299,11 +359,51 @@ class KubernetesSandbox(GatewaySandbox):
             env[ENV_NATS_CREDENTIALS_DIR] = SECRET_DIR
         return env
 
+    def _import_path(self) -> list[str]:
+        # A pooled pod's kernel started before its session's skills were known.
+        return [skill_mount_point(directory) for directory in self.spec.skill_dirs]
+
     async def _setup(self) -> None:
         assert self.client is not None
-        await apply_session(self.client, self.spec.cwd, self._session_env())
-        if self.after_kernel_start is not None:
-            await self.after_kernel_start(self.client.run_silent)
+        await self._apply_session(self.client)
+
+    async def _bring_in(self) -> None:
+        """The session's files into the pod, before its kernel holds the session: the
+        workspace, the skills, the snapshot to revive from (pod_sync.py)."""
+        assert self.files is not None
+        spec = self.spec
+        mode = self.backend.policy_for(spec).workspace
+        self.workspace_copy = await push_workspace(self.files, spec, mode)
+        if spec.skill_dirs:
+            await push_skills(self.files, spec.skill_dirs)
+        if spec.snapshot_dir is not None:
+            await push_snapshot(self.files, spec.snapshot_dir)
+            self.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
+
+    async def _take_back(self) -> None:
+        """Before the pod goes: its workspace synced back into the project (``copy``, ``rw``;
+        an adopted pod's host copy is found on disk). Never raises."""
+        spec = self.spec
+        if self.files is None or self.idle or self.backend.policy_for(spec).workspace == "ro":
+            return
+        copy, self.workspace_copy = self.workspace_copy, None
+        if copy is None:
+            try:
+                copy = await asyncio.to_thread(WorkspaceCopy.load, spec.artifacts_dir)
+            except SandboxError as exc:
+                log.error("kubernetes: %s", exc)
+        if copy is None:
+            return
+        if self.failure:
+            log.error(
+                "workspace: pod %s failed (%s); what it changed in %s is lost",
+                self.name,
+                self.failure,
+                spec.cwd,
+            )
+            await asyncio.to_thread(copy.remove)
+            return
+        await pull_workspace(self.files, copy, spec.cwd)
 
     async def _adopt(self, ref: SandboxRef) -> None:
         """Take over ``ref``, the pod of an earlier orchestrator (``SandboxError`` when it
@@ -323,6 +423,10 @@ class KubernetesSandbox(GatewaySandbox):
             raise SandboxError(f"pod {ref.ref} is not ready (phase {view.phase})")
         url = gateway_url(view.ip, backend.settings.gateway_port)
         client = KernelGatewayClient(url, ref.token)
+        self.files = PodFiles(url, ref.token)
+        self.outputs = await asyncio.to_thread(outputs_home, ref.ref)  # the pod's own path
+        if self.spec.snapshot_dir is not None:
+            self.kernel_snapshot_dir = CONTAINER_SNAPSHOT_DIR
         interrupted = await reattach_within(
             client,
             ref.kernel_id,
@@ -352,9 +456,11 @@ class KubernetesSandbox(GatewaySandbox):
         if spec.cwd != self.spec.cwd:
             raise SandboxError("pooled pod has another workspace")
         self.spec = spec
+        self.idle = False
         self.ref = replace(self.ref, session_id=spec.session_id)
         assert self.client is not None
         self.client.unreported_restarts = 0
+        await self._bring_in()
         await self._setup()
         if self._recorded is not None:
             await self._record(self.ref)
@@ -398,6 +504,10 @@ class KubernetesSandbox(GatewaySandbox):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
+        await self._take_back()
+        self.files = None
+        if self.outputs is not None:
+            await asyncio.to_thread(remove_outputs_home, self.outputs)
         if self.created:
             try:
                 await self._to_thread(self.backend.api.delete, self.name)
@@ -528,7 +638,7 @@ class KubernetesBackend(SandboxBackend):
                 artifacts_dir=Path(tempfile.gettempdir()),
                 die_with_parent=die_with_parent,
             )
-            return await self._start_cold(idle)
+            return await self._start_cold(idle, idle=True)
 
         self._pool_cwd = cwd
         self.pool = WarmPool(
@@ -540,8 +650,8 @@ class KubernetesBackend(SandboxBackend):
         self.pool.start()
         return self.pool
 
-    async def _start_cold(self, spec: SandboxSpec) -> KubernetesSandbox:
-        sandbox = KubernetesSandbox(self, spec, pod_name(spec.session_id))
+    async def _start_cold(self, spec: SandboxSpec, *, idle: bool = False) -> KubernetesSandbox:
+        sandbox = KubernetesSandbox(self, spec, pod_name(spec.session_id), idle=idle)
         self._names.add(sandbox.name)
         try:
             await sandbox.start()
@@ -567,6 +677,7 @@ class KubernetesBackend(SandboxBackend):
             log.warning("pod %s belongs to another prime-agent instance: kept", ref.ref)
             return
         await asyncio.to_thread(self.api.delete, ref.ref)
+        await asyncio.to_thread(remove_outputs_home, outputs_path(ref.ref))
 
     async def remove_unknown(self, known: set[str]) -> int:
         mine = self._names  # this object's pods, pooled ones included
@@ -574,6 +685,7 @@ class KubernetesBackend(SandboxBackend):
         unknown = [pod["metadata"] for pod in pods if pod["metadata"]["name"] not in known | mine]
         for metadata in unknown:
             await asyncio.to_thread(self.api.delete, metadata["name"])
+            await asyncio.to_thread(remove_outputs_home, outputs_path(metadata["name"]))
             session = (metadata.get("labels") or {}).get(LABEL_SESSION, "")
             log.info("removed unknown pod %s (session %s)", metadata["name"], session)
         return len(unknown)

@@ -57,7 +57,7 @@ from orchestrator.sandbox.gateway_main import (
     DEVICE_ENV_NAMES,
     TOKEN_ENV,
 )
-from orchestrator.sandbox.gateway_sandbox import GatewaySandbox, apply_session
+from orchestrator.sandbox.gateway_sandbox import GatewaySandbox
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.sandbox.workspace import WorkspaceCopy, finish_copy, local_workspace
@@ -333,16 +333,15 @@ class LocalSandbox(GatewaySandbox):
 
     # --- session ----------------------------------------------------------------------------
 
+    def _session_env(self) -> dict[str, str]:
+        return session_env(self.spec)
+
+    def _import_path(self) -> list[str]:
+        return [str(d) for d in self.spec.skill_dirs]  # a pooled kernel may lack them
+
     async def _setup(self) -> None:
         """Put the session's cwd and env in place (after every kernel start and restart)."""
-        entries = [str(d) for d in self.spec.skill_dirs]  # a pooled kernel may lack them
-        pid = await apply_session(
-            self.client, self.spec.cwd, session_env(self.spec), import_path=entries
-        )
-        if pid is not None:
-            self.kernel_pid = pid
-        if self.after_kernel_start is not None:  # namespace revival (docs/snapshots.md)
-            await self.after_kernel_start(self.client.run_silent)
+        await self._apply_session(self.client)
 
     async def assign(self, spec: SandboxSpec) -> None:
         """Hand an idle pooled sandbox to a session: apply its cwd and env."""

@@ -27,8 +27,8 @@ from orchestrator.sandbox.k8s_manifests import (
 )
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import KubernetesSettings
-from tests.helpers import need
 from tests.k8s_docker_kubelet import RunningPod, run_pod
+from tests.k8s_emulator import docker_for_pods
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -78,16 +78,7 @@ facts = json.dumps({
 
 @pytest.fixture(scope="module")
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 @pytest.fixture

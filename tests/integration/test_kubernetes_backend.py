@@ -6,8 +6,10 @@ pod that cannot start (unschedulable, no image, evicted, not Ready in time) is a
 ``SandboxStartError`` and a cancelled start leaves nothing; an OOM-killed pod is
 ``KernelDied``; a new backend object adopts a recorded pod and removes a daemon pod it has no
 record of; the warm pool hands a ready pod over; ``from_settings`` finds the cluster through
-a kubeconfig context. What this does NOT show: scheduling, probes, NetworkPolicy
-enforcement, label selectors on a real API server (docs/kubernetes.md, "Tests")."""
+a kubeconfig context; the workspace, a skill, a cell's output file and a snapshot cross between
+host and pod through the gateway (``pod_sync.py``), to a pooled pod when it is handed over.
+What this does NOT show: scheduling, probes, NetworkPolicy enforcement, label selectors on a
+real API server (docs/kubernetes.md, "Tests")."""
 
 from __future__ import annotations
 
@@ -27,29 +29,31 @@ from orchestrator.runtime.wire import (
     ENV_NATS_USER,
     ENV_SESSION_ID,
 )
+from orchestrator.runtime.snapshot import read_manifest
 from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.k8s_manifests import SECRET_DIR
 from orchestrator.sandbox.kubernetes import KubernetesBackend
+from orchestrator.sandbox.pod_sync import outputs_path
+from orchestrator.sessions.snapshots import KeptSandbox, NamespaceKeeper
 from orchestrator.settings import KubernetesSettings, SandboxSettings, Settings
-from tests.helpers import need, wait_until
+from tests.helpers import wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
     EVICTED_MESSAGE,
     NAMESPACE,
     PULL_MESSAGE,
     UNSCHEDULABLE_MESSAGE,
-    DockerNode,
     EmulatedCluster,
     NodeMode,
+    docker_for_pods,
     emulated_cluster,
-    running_node,
+    node_on,
 )
 
 pytestmark = pytest.mark.timeout(240)
 
 INSTANCE: Final = "test-instance"
-WORKSPACE: Final = Path("/workspace/project")
 CELL_TIMEOUT_S: Final = 60.0
 START_TIMEOUT_S: Final = 90.0
 GONE_TIMEOUT_S: Final = 30.0
@@ -91,16 +95,7 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 @pytest.fixture
@@ -122,11 +117,18 @@ def backend_for(
     )
 
 
+def workspace_of(tmp_path: Path) -> Path:
+    """The test's project on the host (copied into each pod at the same path)."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    return project
+
+
 def spec_for(session: str, tmp_path: Path, *, die_with_parent: bool = True) -> SandboxSpec:
     return SandboxSpec(
         session_id=session,
-        cwd=WORKSPACE,
-        artifacts_dir=tmp_path,
+        cwd=workspace_of(tmp_path),
+        artifacts_dir=tmp_path / f"artifacts-{session}",
         die_with_parent=die_with_parent,
     )
 
@@ -152,8 +154,7 @@ async def run(sandbox: Any, code: str) -> str:
 async def test_a_session_pod_runs_cells_and_stop_deletes_it(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker) as node:
         backend = backend_for(cluster)
         try:
             spec = replace(spec_for("s-cells", tmp_path), env=NATS_ENV)
@@ -171,8 +172,8 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
                 assert cluster.object(kind, name)["metadata"]["ownerReferences"] == [owner]
             await run(sandbox, "x = 41")
             assert await run(sandbox, "x + 1") == "42"
-            assert await run(sandbox, "import os; os.getuid(), os.getcwd()") == (
-                f"(1000, '{WORKSPACE}')"
+            assert await run(sandbox, "import os; print(os.getuid(), os.getcwd())") == (
+                f"1000 {workspace_of(tmp_path)}"
             )
             # The NATS credentials are the Secret's files, not the kernel env's: the runtime
             # reads them there.
@@ -191,8 +192,8 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
             assert await run(sandbox, "x + 1") == "42"
             # A restart loses the namespace; the session's cwd is applied again.
             await sandbox.restart_kernel()
-            assert await run(sandbox, "'x' in dir(), __import__('os').getcwd()") == (
-                f"(False, '{WORKSPACE}')"
+            assert await run(sandbox, "print('x' in dir(), __import__('os').getcwd())") == (
+                f"False {workspace_of(tmp_path)}"
             )
             container = node.containers[name]
             await sandbox.stop()
@@ -203,6 +204,67 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
                 lambda: container.id not in {c.id for c in kubelet_containers(docker)},
                 timeout=GONE_TIMEOUT_S,
             )
+        finally:
+            await backend.close()
+
+
+SKILL_CODE: Final = "VALUE = 7\n"
+BIG_PRINT_CHARS: Final = 100_000  # over the output cap: the host writes the artifact
+
+
+async def test_files_cross_between_host_and_pod(
+    docker: Any, cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """The project is copied in and synced back at stop; a skill is importable and read-only
+    at the path the prompt names; a host-written output file opens in the next cell; a
+    snapshot the kernel commits is on the host at once and revives the namespace in a new
+    pod (docs/kubernetes.md, "Files between host and pod")."""
+    project = workspace_of(tmp_path)
+    (project / "data.txt").write_text("from the host")
+    (project / "keep.txt").write_text("untouched")
+    skill = tmp_path / "skills" / "my-skill"  # a skill directory holds its package
+    (skill / "myskill").mkdir(parents=True)
+    (skill / "myskill" / "__init__.py").write_text(SKILL_CODE)
+    snapshots = tmp_path / "snapshots" / "s-files"
+    spec = replace(spec_for("s-files", tmp_path), skill_dirs=(skill,), snapshot_dir=snapshots)
+    async with node_on(cluster, docker):
+        backend = backend_for(cluster)
+        try:
+            keeper = NamespaceKeeper(snapshots)
+            kept = KeptSandbox(await backend.create(spec), keeper)
+            await keeper.revive(kept.run_silent)  # nothing yet: the kernel may save now
+            assert await run(kept, "print(open('data.txt').read())") == "from the host"
+            await run(kept, "open('data.txt', 'w').write('from the pod')")
+            await run(kept, "open('made.txt', 'w').write('new')")
+            assert await run(kept, "import myskill; print(myskill.VALUE, myskill.__file__)") == (
+                "7 /opt/prime-agent/skills/my-skill/myskill/__init__.py"
+            )
+            denied = await kept.execute(
+                "open(myskill.__file__, 'a')", timeout_s=CELL_TIMEOUT_S, cell_id="ro"
+            )
+            assert denied.error is not None and denied.error.ename == "PermissionError"
+            big = await kept.execute(
+                f"print('b' * {BIG_PRINT_CHARS})", timeout_s=CELL_TIMEOUT_S, cell_id="big"
+            )
+            assert big.artifact_path is not None and big.artifact_path.is_file()
+            opened = f"print(len(open({str(big.artifact_path)!r}).read()) > {BIG_PRINT_CHARS})"
+            assert await run(kept, opened) == "True"
+            await run(kept, "kept_value = 5")
+            saved = await keeper.save(kept)
+            assert saved.get("ok"), saved
+            manifest = read_manifest(snapshots)  # on the host before the pod goes
+            assert manifest is not None
+            assert "kept_value" in [v["name"] for v in manifest["saved"]]
+            await kept.stop()
+            assert (project / "data.txt").read_text() == "from the pod"
+            assert (project / "made.txt").read_text() == "new"
+            assert (project / "keep.txt").read_text() == "untouched"
+            # A new pod: the snapshot goes in and the namespace comes back.
+            keeper = NamespaceKeeper(snapshots)
+            again = KeptSandbox(await backend.create(spec), keeper)
+            await keeper.revive(again.run_silent, new_sandbox=True)
+            assert await run(again, "print(kept_value)") == "5"
+            await again.stop()
         finally:
             await backend.close()
 
@@ -221,8 +283,7 @@ async def test_a_session_pod_runs_cells_and_stop_deletes_it(
 async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_nothing(
     cluster: EmulatedCluster, tmp_path: Path, mode: NodeMode, words: str
 ) -> None:
-    node = DockerNode(cluster.api_client(), None, mode=mode)  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, mode):  # runs nothing: no Docker
         backend = backend_for(cluster)
         try:
             with pytest.raises(SandboxStartError) as raised:
@@ -237,19 +298,29 @@ async def test_a_pod_that_cannot_start_is_a_one_line_start_error_and_leaves_noth
 async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker):
         backend = backend_for(cluster, pool_size=1)
         try:
             first = await backend.create(spec_for("s-first", tmp_path))  # cold; fills the pool
             assert backend.pool is not None
             await backend.pool.wait_ready(START_TIMEOUT_S)
             (idle,) = cluster.names("pods") - {first.name}
-            env = {**NATS_ENV, "PA_TEST_VALUE": "handed"}
-            second = await backend.create(replace(spec_for("s-second", tmp_path), env=env))
+            # The session's files reach a pooled pod when it is handed over.
+            (workspace_of(tmp_path) / "handed.txt").write_text("to the pool")
+            skill = tmp_path / "skills" / "pool-skill"
+            (skill / "poolskill").mkdir(parents=True)
+            (skill / "poolskill" / "__init__.py").write_text(SKILL_CODE)
+            spec = replace(
+                spec_for("s-second", tmp_path),
+                env={**NATS_ENV, "PA_TEST_VALUE": "handed"},
+                skill_dirs=(skill,),
+            )
+            second = await backend.create(spec)
             assert second.name == idle and second.ref.session_id == "s-second"
             assert backend.pool.statistics().hits == 1
             assert await run(second, "__import__('os').environ['PA_TEST_VALUE']") == "'handed'"
+            assert await run(second, "print(open('handed.txt').read())") == "to the pool"
+            assert await run(second, "import poolskill; print(poolskill.VALUE)") == "7"
             # The pooled pod's Secret holds only its token: the credentials are in the env.
             assert await run(second, READ_CREDENTIALS) == "('pw-in-secret', 'pw-in-secret', None)"
             other = await backend.create(replace(spec_for("s-big", tmp_path), limits=BIG))
@@ -262,8 +333,7 @@ async def test_a_pooled_pod_is_handed_to_the_next_session_of_its_workspace(
 async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
     cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, "pending") as node:  # runs nothing: no Docker
         backend = backend_for(cluster, start_timeout_s=SHORT_START_S)
         try:
             with pytest.raises(
@@ -277,8 +347,7 @@ async def test_a_pod_not_ready_in_time_is_a_start_error_and_leaves_nothing(
 
 
 async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    node = DockerNode(cluster.api_client(), None, mode="pending")  # runs nothing: no Docker
-    async with running_node(node):
+    async with node_on(cluster, None, "pending") as node:  # runs nothing: no Docker
         backend = backend_for(cluster)
         try:
             start = asyncio.ensure_future(backend.create(spec_for("s-cancel", tmp_path)))
@@ -295,8 +364,7 @@ async def test_a_cancelled_start_leaves_nothing(cluster: EmulatedCluster, tmp_pa
 async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker) as node:
         backend = backend_for(cluster)
         try:
             sandbox = await backend.create(spec_for("s-oom", tmp_path))
@@ -322,8 +390,7 @@ async def test_an_oom_killed_pod_is_kernel_died_with_one_line(
 async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
     docker: Any, cluster: EmulatedCluster, tmp_path: Path
 ) -> None:
-    node = DockerNode(cluster.api_client(), docker)
-    async with running_node(node):
+    async with node_on(cluster, docker):
         first = backend_for(cluster)  # the orchestrator that is "killed": never closed
         recorder = Recorder()
         first.listener = recorder
@@ -349,9 +416,11 @@ async def test_a_new_backend_adopts_its_pod_and_removes_unknown_ones(
             assert await run(adopted, "x + 1") == "42"  # the same kernel: its namespace kept
             assert await second.remove_unknown({ref.ref}) == 1
             assert not any(stray.name in cluster.names(kind) for kind in KINDS)
+            assert not outputs_path(stray.name).exists()  # its host side goes too
             assert {kept.name, printed.name} <= cluster.names("pods")  # not a daemon's pod
             await second.remove(ref)  # what the daemon does with one it could not adopt
             assert not any(kept.name in cluster.names(kind) for kind in KINDS)
+            assert not outputs_path(kept.name).exists()
         finally:
             await second.close()
             await printed.stop()
@@ -394,8 +463,7 @@ async def test_from_settings_reaches_the_cluster_of_its_kubeconfig_context(
     backend = KubernetesBackend.from_settings(settings, instance=INSTANCE)
     policy = backend.policy_for(spec_for("s-config", tmp_path))
     assert (policy.memory_bytes, policy.cpus) == (768 * MIB, 0.5)
-    node = DockerNode(cluster.api_client(), None, mode="unschedulable")  # runs nothing
-    async with running_node(node):
+    async with node_on(cluster, None, "unschedulable") as node:  # runs nothing
         try:
             with pytest.raises(SandboxStartError, match="cannot be scheduled"):
                 await backend.create(spec_for("s-config", tmp_path))

@@ -1,13 +1,19 @@
-"""The same basic checks against every sandbox backend (local, docker, bwrap).
+"""The same basic checks against every sandbox backend (local, docker, bwrap, kubernetes).
 
 The docker variant needs a Docker Engine and builds the session image once per test session
 when it is missing or stale (offline: debootstrap base + host wheels; docs/images.md). It is
 skipped when no engine answers. The bwrap variant needs bubblewrap that runs a sandbox here
-(``bwrap_probe.bwrap_usable``). With CI=true a missing engine or bwrap fails instead.
+(``bwrap_probe.bwrap_usable``). The kubernetes variant runs each pod on the local Docker
+Engine through kmock's emulated API and the test node (``tests/k8s_emulator.docker_cluster``);
+it needs Docker and the session image. With CI=true a missing engine, image or bwrap fails
+instead. One difference is asserted, not skipped: a pod's workspace reaches the project when
+the sandbox stops, not while it runs (docs/kubernetes.md, "Files between host and pod").
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -52,15 +58,25 @@ def workspace(path: Path) -> Path:
     return path
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["local", "docker", "bwrap"])
+BACKENDS = ["local", "docker", "bwrap", "kubernetes"]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBackend]:
-    if request.param == "local":
+    async with contextlib.AsyncExitStack() as stack:
+        b = await _backend(request.param, stack)
+        yield b
+        await b.close()
+
+
+async def _backend(name: str, stack: contextlib.AsyncExitStack) -> SandboxBackend:
+    if name == "local":
         from orchestrator.sandbox.local import LocalBackend
 
         b: SandboxBackend = LocalBackend(
             pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP
         )
-    elif request.param == "bwrap":
+    elif name == "bwrap":
         from orchestrator.sandbox.bwrap import BwrapBackend
         from orchestrator.sandbox.bwrap_probe import bwrap_usable
 
@@ -68,6 +84,18 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBacken
         if not usable:
             need("bwrap", reason)
         b = BwrapBackend(interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
+    elif name == "kubernetes":
+        from orchestrator.sandbox.k8s_api import K8sApi
+        from orchestrator.sandbox.kubernetes import KubernetesBackend
+        from tests.k8s_emulator import NAMESPACE, docker_cluster, docker_for_pods
+
+        cluster, _node = await stack.enter_async_context(docker_cluster(docker_for_pods()))
+        b = KubernetesBackend(
+            K8sApi(cluster.api_client(), NAMESPACE),
+            instance="conformance",
+            interrupt_grace_s=GRACE_S,
+            output_cap_chars=CAP,
+        )
     else:
         why = docker_ready()
         if why is not None:
@@ -75,8 +103,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[SandboxBacken
         from orchestrator.sandbox.docker import DockerBackend
 
         b = DockerBackend(pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
-    yield b
-    await b.close()
+    return b
 
 
 def _spec(tmp: Path, name: str) -> SandboxSpec:
@@ -99,12 +126,14 @@ async def test_state_persists_and_cwd_is_the_workspace(
         assert r1.status == "ok", r1
         r2 = await sb.execute("x + 1", timeout_s=30, cell_id="b")
         assert r2.status == "ok" and r2.result == "42"
-        assert (spec.cwd / "made.txt").read_text() == "hi"
+        if backend.name != "kubernetes":  # a pod's workspace is synced back when it stops
+            assert (spec.cwd / "made.txt").read_text() == "hi"
         r3 = await sb.execute("1/0", timeout_s=30, cell_id="c")
         assert r3.status == "error" and r3.error is not None
         assert r3.error.ename == "ZeroDivisionError"
     finally:
         await sb.stop()
+    assert (spec.cwd / "made.txt").read_text() == "hi"
 
 
 async def test_output_is_bounded_with_an_artifact(backend: SandboxBackend, tmp_path: Path) -> None:
@@ -320,6 +349,13 @@ async def test_stop_leaves_nothing(backend: SandboxBackend, tmp_path: Path) -> N
         assert isinstance(sb, BwrapSandbox) and sb.child is not None and sb.init is not None
         assert not pid_alive(sb.child.pid) and not pid_alive(sb.init.pid)
         assert sb.runtime_dir is not None and not sb.runtime_dir.exists()
+    elif backend.name == "kubernetes":
+        from orchestrator.sandbox.kubernetes import KubernetesBackend, KubernetesSandbox
+        from orchestrator.sandbox.pod_sync import outputs_path
+
+        assert isinstance(backend, KubernetesBackend) and isinstance(sb, KubernetesSandbox)
+        assert await asyncio.to_thread(backend.api.read_pod, sb.name) is None
+        assert not outputs_path(sb.name).exists()
     else:
         from orchestrator.sandbox.local import LocalSandbox
 

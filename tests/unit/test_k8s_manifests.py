@@ -38,6 +38,7 @@ from orchestrator.sandbox.k8s_manifests import (
     ORCHESTRATOR_APP,
     SECRET_DIR,
     SessionPod,
+    files_roots,
     owner_reference,
     pod_name,
     secret_files,
@@ -209,6 +210,12 @@ def test_the_pod_runs_the_gateway_on_its_port_with_the_secret_token() -> None:
     # The kernel env the host sends at kernel start passes the gateway's whitelist.
     assert set(args.env_allow) == set(JWT_ENV)
     assert container["workingDir"] == str(pod_request.spec.cwd)
+    # The files endpoint serves exactly the pod's writable volumes (gateway_files.py).
+    mounted = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert args.files_root == files_roots(pod_request.spec)
+    assert str(pod_request.spec.cwd) in args.files_root and SECRET_DIR not in args.files_root
+    assert all("emptyDir" in volumes[mounted[root]] for root in args.files_root)
     assert container["image"] == IMAGE_TAGS["rust"]
     assert container["imagePullPolicy"] == "Never"
 
@@ -236,14 +243,16 @@ def test_no_gpu_and_no_runtime_class_unless_asked() -> None:
     assert gvisor["spec"]["runtimeClassName"] == "gvisor"
 
 
-def test_the_workspace_mode_reaches_its_mount() -> None:
+def test_the_workspace_is_writable_in_every_mode() -> None:
     def workspace_mount(pod_request: SessionPod, settings: KubernetesSettings) -> Any:
         (container,) = session_pod(pod_request, settings)["spec"]["containers"]
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/work/project"]
         return mount["readOnly"]
 
+    # Writable in every mode: the project is copied in through the gateway; an ro workspace's
+    # changes are never copied back (docs/kubernetes.md, "Files between host and pod").
     assert workspace_mount(*CASES["defaults"]) is False
-    assert workspace_mount(*CASES["read-only workspace, gVisor"]) is True
+    assert workspace_mount(*CASES["read-only workspace, gVisor"]) is False
 
 
 def test_ownership_labels_name_instance_session_and_root() -> None:
