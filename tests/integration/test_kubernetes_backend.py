@@ -22,6 +22,7 @@ from typing import Any, Final
 import pytest
 
 from orchestrator.errors import KernelDied, SandboxError, SandboxStartError
+from orchestrator.runtime.snapshot import read_manifest
 from orchestrator.runtime.wire import (
     ENV_NATS_CREDENTIALS_DIR,
     ENV_NATS_PASSWORD,
@@ -29,7 +30,6 @@ from orchestrator.runtime.wire import (
     ENV_NATS_USER,
     ENV_SESSION_ID,
 )
-from orchestrator.runtime.snapshot import read_manifest
 from orchestrator.sandbox.base import ResourceLimits, SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.k8s_manifests import SECRET_DIR
