@@ -25,6 +25,7 @@ from orchestrator.sandbox.choice import KUBERNETES_FIX
 from orchestrator.sandbox.k8s_manifests import SECRET_DIR
 from orchestrator.testing import FakeModelServer
 from tests.helpers import cli, need, write_config
+from tests.integration.test_sandbox_conformance import workspace
 from tests.k8s_emulator import (
     NAMESPACE,
     EmulatedCluster,
@@ -77,10 +78,14 @@ def no_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
 
-def run(backend: str, model: FakeModelServer) -> tuple[int, str, list[str]]:
+def run(backend: str, model: FakeModelServer, tmp_path: Path) -> tuple[int, str, list[str]]:
+    """``-p`` in a small project of its own: a pod's workspace is a copy of the project (this
+    checkout would be gigabytes), and a docker sandbox's user must be able to use it."""
+    cwd = workspace(tmp_path / "project")
     proc = cli(
         ["-p", "where", "--backend", backend, "--model", "openai/fake", "--api-base", model.url],
         timeout=CLI_TIMEOUT_S,
+        cwd=cwd,
     )
     return proc.returncode, proc.stdout, proc.stderr.splitlines()
 
@@ -92,7 +97,7 @@ def test_print_mode_runs_the_session_in_a_pod_and_deletes_it_at_the_end(
     cluster: EmulatedCluster
     with serve_in_thread() as cluster, node_in_thread(cluster, docker) as node:
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", cluster.url)))
-        code, out, err = run("kubernetes", model)
+        code, out, err = run("kubernetes", model, tmp_path)
         assert code == 0, err
         assert out == "in a pod\n"  # the cell ran where the pod's Secret is mounted
         assert node.seen.is_set()
@@ -103,9 +108,9 @@ def test_print_mode_runs_the_session_in_a_pod_and_deletes_it_at_the_end(
 
 
 def test_a_cluster_that_does_not_answer_is_refused_in_one_line(
-    no_cluster: None, model: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+    no_cluster: None, model: FakeModelServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code, out, err = run("kubernetes", model)
+    code, out, err = run("kubernetes", model, tmp_path)
     assert code == 2 and out == "" and len(err) == 1, err
     assert err[0].startswith(
         f"prime-agent: error: the kubernetes backend is not usable: the API server at {NOWHERE} "
@@ -127,7 +132,7 @@ def test_auto_never_picks_kubernetes(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with serve_in_thread() as cluster, node_in_thread(cluster, docker) as node:
         monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", cluster.url)))
-        code, out, err = run("auto", model)
+        code, out, err = run("auto", model, tmp_path)
         assert code == 0, err
         assert out == "not in a pod\n" and not node.seen.is_set()
 
