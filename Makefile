@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= build/demo
 DEMO_TASK ?= The file notes.txt in your working directory has 2000 lines. Exactly one line states a number. Find that line with Python and answer with the number.
 
-.PHONY: install bubblewrap kubectl demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda
+.PHONY: install bubblewrap kubectl demo test test-all test-stress check lint typecheck layers bench clean base-offline images images-rust images-cuda images-orchestrator
 
 install: $(STAMP) bubblewrap kubectl
 
@@ -78,6 +78,9 @@ images-rust: install
 
 images-cuda: install
 	$(BIN)/prime-agent images build cuda
+
+images-orchestrator: install
+	$(BIN)/prime-agent images build orchestrator
 
 test-stress: install
 	$(BIN)/python -m pytest -q -m stress tests/stress

@@ -1,5 +1,6 @@
-"""``prime-agent images build [session|rust|cuda|base-offline]``: build the session images
-offline, and ``prime-agent images list``: which are there.
+"""``prime-agent images build [session|rust|cuda|orchestrator|base-offline]``: build the
+session images (and the orchestrator's own, for k8s/) offline, and ``prime-agent images list``:
+which are there.
 
 ``images build cuda`` copies the toolkit of a CUDA base image when one is given (``--base``) or
 the default one is here; otherwise it builds offline from Debian's ``nvidia-cuda-toolkit``
@@ -31,6 +32,7 @@ class ImageChoice(StrEnum):
     session = "session"
     rust = "rust"
     cuda = "cuda"
+    orchestrator = "orchestrator"
     base_offline = "base-offline"
 
 
@@ -41,9 +43,9 @@ class ImageChoice(StrEnum):
     "that is neither here nor pullable is skipped with the reason.",
 )
 def build(
-    kind: Annotated[ImageChoice, typer.Argument(help="session, rust, cuda or base-offline.")] = (
-        ImageChoice.session
-    ),
+    kind: Annotated[
+        ImageChoice, typer.Argument(help="session, rust, cuda, orchestrator or base-offline.")
+    ] = ImageChoice.session,
     base: Annotated[
         str | None,
         typer.Option(
@@ -74,6 +76,12 @@ def build(
     def run() -> images.BuildResult:
         if kind is ImageChoice.base_offline:
             return images.build_base_offline(base or images.BASE_OFFLINE_TAG)
+        if kind is ImageChoice.orchestrator:
+            from orchestrator.sandbox.orchestrator_image import build_orchestrator_image
+
+            if base is not None or torch is not None:
+                raise UserError("the orchestrator image takes neither --base nor --torch")
+            return build_orchestrator_image(progress=progress)
         if torch is not None and kind is not ImageChoice.cuda:
             raise UserError("--torch is for the cuda image")
         return images.build_image(

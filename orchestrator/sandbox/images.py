@@ -66,6 +66,7 @@ __all__ = [
     "image_label",
     "image_tag",
     "resolve_image",
+    "run_checked",
     "source_hash",
 ]
 
@@ -237,7 +238,8 @@ def _check_checkout() -> None:
         raise UserError(f"images/ not found at {IMAGES_DIR}: build images from a source checkout")
 
 
-def _run(argv: list[str], what: str, *, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+def run_checked(argv: list[str], what: str, *, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    """Run a build step; its failure is one ``SandboxError`` ending with the output's tail."""
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError as exc:
@@ -287,7 +289,7 @@ def gather_wheels(
             progress("downloading wheels (pinned to this environment)")
         constraints = wheels_dir.parent / "constraints.txt"
         constraints.write_text("\n".join(pins) + "\n")
-        _run(
+        run_checked(
             [
                 *pip,
                 "wheel",
@@ -300,7 +302,7 @@ def gather_wheels(
             ],
             "pip wheel (pure-Python sdists)",
         )
-        _run(
+        run_checked(
             [
                 *pip,
                 "download",
@@ -323,7 +325,7 @@ def gather_wheels(
         old.unlink()
     if progress:
         progress("building the prime-agent wheel (--no-deps)")
-    _run(
+    run_checked(
         [*pip, "wheel", "--no-deps", "-w", str(wheels_dir), str(REPO_ROOT)],
         "pip wheel (prime-agent)",
     )
@@ -334,7 +336,7 @@ def build_base_offline(tag: str = BASE_OFFLINE_TAG) -> BuildResult:
     """debootstrap + docker import (``images/base-offline.sh``); the rootfs is cached."""
     _check_checkout()
     started = time.monotonic()
-    _run(["bash", str(BASE_OFFLINE_SCRIPT), tag], "base-offline")
+    run_checked(["bash", str(BASE_OFFLINE_SCRIPT), tag], "base-offline")
     return BuildResult("base-offline", tag, True, "built", time.monotonic() - started)
 
 
@@ -357,7 +359,7 @@ def _docker_build(
         argv += ["--build-arg", f"{key}={value}"]
     for key, value in {SOURCE_HASH_LABEL: source_hash(kind), **(labels or {})}.items():
         argv += ["--label", f"{key}={value}"]
-    _run([*argv, str(context)], what)
+    run_checked([*argv, str(context)], what)
 
 
 def _pullable(tag: str) -> tuple[bool, str]:
@@ -394,7 +396,7 @@ def gather_torch_wheels(
             old.unlink()
         requirements = [spec, *TORCH_REQUIREMENTS[1:]]
         pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "download"]
-        _run(
+        run_checked(
             [
                 *pip,
                 "--only-binary=:all:",
