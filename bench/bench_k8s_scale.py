@@ -30,7 +30,6 @@ import json
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -345,4 +344,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
