@@ -8,6 +8,14 @@ for the node. Every request that arrives on the orchestrator's port is counted b
 ``secrets``, ``networkpolicies``) and the object it names (a session's three objects share the
 pod's name), at the server, whatever the client believes it sent.
 
+It also serves what kmock lacks: ``pods/portforward``, the WebSocket subresource the official
+client's ``kubernetes.stream.portforward`` speaks (``v4.channel.k8s.io``: per forwarded port a
+data channel and an error channel, each opened by a frame naming the port, then frames of one
+channel byte and the data). Each connection is relayed to the pod's ``status.podIP`` at the
+port asked, as a kubelet relays it into the pod's network namespace; a pod without an IP or a
+port that refuses is said on the error channel. It is a substitute: the API server's and
+kubelet's own streaming (SPDY or WebSocket, through the kubelet's port) is not exercised.
+
 Two changes keep the emulator's cost per request constant over thousands of sessions, as a real
 API server's is: kmock looks each new request up in its log of every request ever made (so the
 n-th request costs O(n)); here the log holds only the requests in flight. And an object deleted
@@ -17,13 +25,17 @@ list and watch).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import re
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import aiohttp
+import aiohttp.web
 import kmock
 from kubernetes import client as k8s
 
@@ -31,6 +43,11 @@ __all__ = ["ApiCounts", "CountedCluster", "CountingEmulator", "counted_cluster"]
 
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
 NAME_SELECTOR: Final = "metadata.name="
+PORT_FORWARD_PATH: Final = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)/portforward$")
+PORT_FORWARD_PROTOCOL: Final = "v4.channel.k8s.io"
+DATA_CHANNEL: Final = 0
+ERROR_CHANNEL: Final = 1
+RELAY_CHUNK: Final = 65536
 
 
 def _object_name(request: Any) -> str:
@@ -92,6 +109,67 @@ class CountingEmulator(kmock.KubernetesEmulator):
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.counts = ApiCounts()
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        match = PORT_FORWARD_PATH.match(raw_request.path)
+        if match is None:
+            response: aiohttp.web.StreamResponse = await super().__call__(raw_request)
+            return response
+        if raw_request.url.port == self.counted_port:
+            self.counts.add("portforward", "pods", match.group(2))
+        return await self._port_forward(raw_request, match.group(1), match.group(2))
+
+    def _pod_ip(self, namespace: str, name: str) -> str | None:
+        for (resource, pod_namespace, pod_name), obj in self.objects.items():
+            named = (resource.plural, pod_namespace, pod_name) == ("pods", namespace, name)
+            if named and not obj.deleted:
+                ip: str | None = (obj.raw.get("status") or {}).get("podIP")
+                return ip
+        return None
+
+    async def _port_forward(
+        self, raw_request: aiohttp.web.BaseRequest, namespace: str, name: str
+    ) -> aiohttp.web.StreamResponse:
+        (port,) = (int(p) for p in raw_request.query.getall("ports"))
+        ws = aiohttp.web.WebSocketResponse(protocols=(PORT_FORWARD_PROTOCOL,))
+        await ws.prepare(raw_request)
+        opening = port.to_bytes(2, "little")
+        await ws.send_bytes(bytes([DATA_CHANNEL]) + opening)
+        await ws.send_bytes(bytes([ERROR_CHANNEL]) + opening)
+        ip = self._pod_ip(namespace, name)
+        try:
+            if ip is None:
+                raise OSError(f"pod {name} has no IP")
+            reader, writer = await asyncio.open_connection(ip, port)
+        except OSError as exc:
+            await ws.send_bytes(bytes([ERROR_CHANNEL]) + str(exc).encode())
+            await ws.close()
+            return ws
+
+        async def to_pod() -> None:
+            async for message in ws:
+                if message.type == aiohttp.WSMsgType.BINARY and message.data[:1] == bytes(
+                    [DATA_CHANNEL]
+                ):
+                    writer.write(message.data[1:])
+                    await writer.drain()
+            writer.close()
+
+        async def from_pod() -> None:
+            while data := await reader.read(RELAY_CHUNK):
+                await ws.send_bytes(bytes([DATA_CHANNEL]) + data)
+            await ws.close()
+
+        tasks = [asyncio.ensure_future(to_pod()), asyncio.ensure_future(from_pod())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            writer.close()
+            await ws.close()
+        return ws
 
     async def _handle(self, request: Any) -> Any:
         if request.resource is not None and request.url.port == self.counted_port:

@@ -6,9 +6,10 @@ the pod until it runs with an IP and is Ready (its readiness probe: the gateway 
 connections), or until its status says it never will (``k8s_pod_state.py``: Unschedulable,
 an image that cannot be pulled, OOMKilled, Evicted...: ``SandboxStartError`` in one line).
 The kernel is reached at the pod's IP and ``[kubernetes] gateway_port`` through the same
-``KernelGatewayClient`` as every backend, with the token the Secret carries: the orchestrator
-runs in the cluster. (Reaching it from outside through the API server's port-forward is not
-built.) A pod that fails once it ran is ``KernelDied`` with its one line.
+``KernelGatewayClient`` as every backend, with the token the Secret carries, when the
+orchestrator runs in the cluster; from outside, through a loopback port whose connections are
+port-forwards of the API server (``k8s_port_forward.py``; ``[kubernetes] reach``). A pod that
+fails once it ran is ``KernelDied`` with its one line.
 
 ``stop`` deletes the pod, its Secret and its policy. Every object carries the ownership
 labels (``prime-agent/instance``, ``/session``): a restarted orchestrator ``adopt``s a pod it
@@ -20,7 +21,7 @@ for the workspace path most recently used (a pod's volumes are fixed at creation
 with the backend's default policy and that path takes one (``assign``: its cwd and env).
 
 Not here yet: the workspace's contents (the pod's workspace is
-an empty volume), port-forward, owner references. ``--backend kubernetes`` does not choose
+an empty volume), owner references. ``--backend kubernetes`` does not choose
 this backend yet (``sandbox/choice.py``); it is built in code: ``from_settings`` (the
 cluster of ``[kubernetes]``) or ``KubernetesBackend(K8sApi(...))``.
 """
@@ -63,6 +64,7 @@ from orchestrator.sandbox.k8s_manifests import (
     session_objects,
 )
 from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
+from orchestrator.sandbox.k8s_port_forward import PodPortForward, uses_port_forward
 from orchestrator.sandbox.pool import WarmPool
 from orchestrator.sandbox.reattach import reattach_within
 from orchestrator.session_specs import StoredSandboxPolicy
@@ -111,6 +113,7 @@ class KubernetesSandbox(GatewaySandbox):
         self.ref = SandboxRef(BACKEND_NAME, name, spec.session_id, "", "", "")
         self.failure = ""  # the pod's one line once it failed for good
         self.created = False  # objects may exist in the cluster: stop deletes them
+        self.forward: PodPortForward | None = None  # ``[kubernetes] reach``: port-forward
         self._stopped = False
         self._lock = asyncio.Lock()
         self._recorded: SandboxRef | None = None
@@ -182,7 +185,7 @@ class KubernetesSandbox(GatewaySandbox):
         await self._to_thread(backend.api.create, objects)
         await self._record(self._ref("", ""))
         view = await self._wait_ready()
-        url = gateway_url(view.ip, backend.settings.gateway_port)
+        url = await self._gateway_url(view.ip)
         await self._record(self._ref(url, ""))
         await self._wait_gateway(url)
         booted = time.monotonic()
@@ -254,6 +257,15 @@ class KubernetesSandbox(GatewaySandbox):
                     raise SandboxStartError(f"pod {self.name}: its gateway at {url} did not answer")
                 await asyncio.sleep(GATEWAY_POLL_S)
 
+    async def _gateway_url(self, ip: str) -> str:
+        """The pod's gateway at its IP, or through a port-forward (``[kubernetes] reach``)."""
+        port = self.backend.settings.gateway_port
+        if not uses_port_forward(self.backend.settings):
+            return gateway_url(ip, port)
+        if self.forward is None:
+            self.forward = PodPortForward(self.backend.api, self.name, port)
+        return await self.forward.url()
+
     def _ref(self, url: str, kernel_id: str) -> SandboxRef:
         return SandboxRef(
             backend=BACKEND_NAME,
@@ -293,7 +305,7 @@ class KubernetesSandbox(GatewaySandbox):
             raise SandboxError(view.failure.line)
         if not view.ready:
             raise SandboxError(f"pod {ref.ref} is not ready (phase {view.phase})")
-        url = gateway_url(view.ip, backend.settings.gateway_port)
+        url = await self._gateway_url(view.ip)
         client = KernelGatewayClient(url, ref.token)
         interrupted = await reattach_within(
             client,
@@ -370,6 +382,9 @@ class KubernetesSandbox(GatewaySandbox):
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
+        forward, self.forward = self.forward, None
+        if forward is not None:
+            await forward.close()
         if self.created:
             try:
                 await self._to_thread(self.backend.api.delete, self.name)

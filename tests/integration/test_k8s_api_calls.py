@@ -26,6 +26,7 @@ import pytest
 
 from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.k8s_port_forward import LOOPBACK
 from orchestrator.sandbox.kubernetes import KubernetesBackend, KubernetesSandbox
 from orchestrator.settings import KubernetesSettings
 from tests.k8s_counting import CountedCluster, counted_cluster
@@ -163,3 +164,37 @@ async def test_sessions_at_once_cost_the_same_each(cluster: CountedCluster, tmp_
             await backend.close()
     assert cluster.counts.by_object == {name: PER_SESSION for name in names}
     assert node.started == SESSIONS_AT_ONCE and not node.failed
+
+
+async def test_port_forward_reaches_the_gateway_through_the_api_server(
+    cluster: CountedCluster, tmp_path: Path
+) -> None:
+    port = free_gateway_port()
+    node = ProcessNode(cluster.node_client(), NAMESPACE)
+    async with running_process_node(node):
+        backend = KubernetesBackend(
+            K8sApi(cluster.orchestrator_client(), NAMESPACE, watch_idle_s=LONG_IDLE_S),
+            instance=INSTANCE,
+            settings=KubernetesSettings(
+                namespace=NAMESPACE, gateway_port=port, reach="port-forward"
+            ),
+            start_timeout_s=START_TIMEOUT_S,
+        )
+        try:
+            sandbox = await backend.create(spec_for("s-forward", tmp_path))
+            assert sandbox.ref.url.startswith(f"http://{LOOPBACK}:")  # not the pod's IP
+            await run_cells(sandbox)
+            await sandbox.restart_kernel()  # a new kernel WebSocket: a new forward
+            await run_cells(sandbox)
+            forwards = cluster.counts.of("portforward")
+            assert forwards >= 2  # one per connection the gateway client opened
+            await sandbox.stop()
+            assert sandbox.forward is None
+        finally:
+            await backend.close()
+    assert cluster.counts.by_object == {
+        sandbox.name: PER_SESSION + Counter({"portforward": forwards})
+    }
+    with pytest.raises(OSError):  # the loopback listener is gone with the sandbox
+        await asyncio.open_connection(*sandbox.ref.url.removeprefix("http://").split(":"))
+    assert not node.failed
