@@ -10,6 +10,9 @@ process at a loopback IP of its own (tests/k8s_process_node.py), so these tests 
 - A watch that sees no event for ``watch_idle_s`` is opened again (two watches, still no read).
 - Sessions at once cost the same each: the emulator sends every pod's events to every watch
   (it ignores field selectors) and the backend keeps to its own pod.
+- ``[kubernetes] reach = "port-forward"``: the gateway is reached on a loopback port whose
+  every connection is a port-forward through the emulator (its ``pods/portforward``
+  substitute), counted at the server under the pod's name; stop closes the port.
 
 The scale bench (bench/bench_k8s_scale.py) runs the same parts over 1,000 sessions and reports
 the counts per session; docs/kubernetes.md, "Scale", has its figures."""
