@@ -12,7 +12,8 @@ process at a loopback IP of its own (tests/k8s_process_node.py), so these tests 
   (it ignores field selectors) and the backend keeps to its own pod.
 - ``[kubernetes] reach = "port-forward"``: the gateway is reached on a loopback port whose
   every connection is a port-forward through the emulator (its ``pods/portforward``
-  substitute), counted at the server under the pod's name; stop closes the port.
+  substitute), counted at the server under the pod's name; stop closes the port; a restarted
+  orchestrator adopts the pod through a port-forward of its own.
 
 The scale bench (bench/bench_k8s_scale.py) runs the same parts over 1,000 sessions and reports
 the counts per session; docs/kubernetes.md, "Scale", has its figures."""
@@ -22,12 +23,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 import pytest
 
-from orchestrator.sandbox.base import SandboxSpec
+from orchestrator.sandbox.base import SandboxRef, SandboxSpec
 from orchestrator.sandbox.k8s_api import K8sApi
 from orchestrator.sandbox.k8s_port_forward import LOOPBACK
 from orchestrator.sandbox.kubernetes import KubernetesBackend, KubernetesSandbox
@@ -200,4 +202,57 @@ async def test_port_forward_reaches_the_gateway_through_the_api_server(
     }
     with pytest.raises(OSError):  # the loopback listener is gone with the sandbox
         await asyncio.open_connection(*sandbox.ref.url.removeprefix("http://").split(":"))
+    assert not node.failed
+
+
+class Recorder:
+    """The daemon's listener, as far as adoption needs it: the refs it was told about."""
+
+    def __init__(self) -> None:
+        self.up: dict[str, SandboxRef] = {}
+
+    async def sandbox_up(self, ref: SandboxRef) -> None:
+        self.up[ref.session_id] = ref
+
+    async def sandbox_down(self, ref: SandboxRef) -> None:
+        self.up.pop(ref.session_id, None)
+
+
+def forwarding_backend(cluster: CountedCluster, port: int) -> KubernetesBackend:
+    return KubernetesBackend(
+        K8sApi(cluster.orchestrator_client(), NAMESPACE, watch_idle_s=LONG_IDLE_S),
+        instance=INSTANCE,
+        settings=KubernetesSettings(namespace=NAMESPACE, gateway_port=port, reach="port-forward"),
+        start_timeout_s=START_TIMEOUT_S,
+    )
+
+
+async def test_a_restarted_orchestrator_adopts_a_pod_through_its_own_port_forward(
+    cluster: CountedCluster, tmp_path: Path
+) -> None:
+    port = free_gateway_port()
+    node = ProcessNode(cluster.node_client(), NAMESPACE)
+    async with running_process_node(node):
+        first = forwarding_backend(cluster, port)  # the orchestrator that "dies": never closed
+        recorder = Recorder()
+        first.listener = recorder
+        spec = replace(spec_for("s-adopted", tmp_path), die_with_parent=False)
+        kept = await first.create(spec)
+        result = await kept.execute("x = 41", timeout_s=CELL_TIMEOUT_S, cell_id="set")
+        assert result.status == "ok", result
+        ref = recorder.up["s-adopted"]
+        second = forwarding_backend(cluster, port)
+        try:
+            adopted = await second.adopt(ref, spec)
+            assert adopted.ref.url != ref.url  # its own loopback port
+            assert adopted.ref.url.startswith(f"http://{LOOPBACK}:")
+            after = await adopted.execute("x + 1", timeout_s=CELL_TIMEOUT_S, cell_id="get")
+            assert after.status == "ok" and str(after.result).strip() == "42"  # the same kernel
+        finally:
+            await second.close()
+            if kept.client is not None:  # the "dead" orchestrator's connections
+                await kept.client.close()
+            if kept.forward is not None:
+                await kept.forward.close()
+    assert not any(cluster.names(kind) for kind in ("pods", "secrets", "networkpolicies"))
     assert not node.failed
