@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import socket
-from typing import Final, Literal
+from typing import Final
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.k8s_api import IN_CLUSTER_ENV, K8sApi
@@ -31,10 +31,9 @@ RELAY_CHUNK: Final = 65536
 
 def uses_port_forward(settings: KubernetesSettings) -> bool:
     """Whether ``settings.reach`` means port-forward here (``auto``: when not in a pod)."""
-    reach: Literal["pod-ip", "port-forward", "auto"] = settings.reach
-    if reach == "auto":
+    if settings.reach == "auto":
         return not os.environ.get(IN_CLUSTER_ENV)
-    return reach == "port-forward"
+    return settings.reach == "port-forward"
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
