@@ -107,6 +107,12 @@ def _sweep(a: argparse.Namespace) -> dict[str, Any]:
     return bench_sweep.run(a.quick)
 
 
+def _k8s_scale(a: argparse.Namespace) -> dict[str, Any]:
+    from bench import bench_k8s_scale
+
+    return bench_k8s_scale.run(a.quick)
+
+
 def _tui(a: argparse.Namespace) -> dict[str, Any]:
     from bench import bench_tui
 
@@ -126,6 +132,10 @@ BENCHMARKS: dict[str, tuple[str, Callable[[argparse.Namespace], dict[str, Any]]]
     "daemon": ("daemon: -p through it, attach latency, events/s, RSS", _daemon),
     "tui": ("TUI: transcript fold, replay render, streamed answer (no daemon)", _tui),
     "sweep": ("sweep: one-step cells through the daemon, cells/s, CPU and memory", _sweep),
+    "k8s_scale": (
+        "kubernetes: 1,000 sessions through the emulator (API calls, CPU), shard merge",
+        _k8s_scale,
+    ),
 }
 
 

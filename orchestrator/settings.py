@@ -274,6 +274,9 @@ class KubernetesSettings(_Strict):
     is put before the session image's tag (``prime-agent/session:latest``), as the cluster pulls
     it from there. ``runtime_class``: a RuntimeClass for every session pod (gVisor, Kata).
     ``gpus``: ``nvidia.com/gpu`` each session pod asks for. ``pool_size``: ready pods kept warm.
+    ``reach``: how the orchestrator reaches a pod's gateway: ``pod-ip`` (in the cluster),
+    ``port-forward`` (through the API server, from outside), ``auto`` (pod IP when it runs in
+    a pod, else port-forward).
     """
 
     context: str | None = Field(default=None, min_length=1)
@@ -287,6 +290,7 @@ class KubernetesSettings(_Strict):
     tmp_mib: int = Field(default=K8S_TMP_MIB, ge=1)
     home_mib: int = Field(default=K8S_HOME_MIB, ge=1)
     workspace_mib: int = Field(default=K8S_WORKSPACE_MIB, ge=1)
+    reach: Literal["pod-ip", "port-forward", "auto"] = "pod-ip"
 
 
 class NatsSettings(_Strict):

@@ -39,6 +39,7 @@ __all__ = [
     "CELL_EXPORT_TYPES",
     "EXPORT_EVERY_S",
     "EXPORT_PAGE_CELLS",
+    "TRIAL_EXPORT_TYPES",
     "ShardExporter",
     "find_exports",
     "merge_exports",
@@ -67,7 +68,7 @@ CELL_EXPORT_TYPES: Final = {
     "trials": "INTEGER",
     "position": "INTEGER",
 }
-_TRIAL_TYPES: Final = {
+TRIAL_EXPORT_TYPES: Final = {
     "score": "DOUBLE",
     "tokens_input": "BIGINT",
     "tokens_output": "BIGINT",
@@ -223,7 +224,7 @@ class ShardExporter:
         # The trials first: a cells file is what a merge looks for, and it comes last; each is
         # written beside and renamed into place, so a reader never sees half of one.
         for path, rows, fields, types in (
-            (self.trials_path, trials, _trial_fields(), _TRIAL_TYPES),
+            (self.trials_path, trials, _trial_fields(), TRIAL_EXPORT_TYPES),
             (self.cells_path, cells, _cell_fields(), CELL_EXPORT_TYPES),
         ):
             staged = path.with_name(f".{path.name}.part")

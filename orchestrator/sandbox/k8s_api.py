@@ -17,6 +17,8 @@ come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
   goes to the server, and the labels are checked again here (the emulator the tests use
   ignores selectors).
 - ``delete``: a session's Pod, Secret and NetworkPolicy by name (one already gone is fine).
+- ``port_forward``: one connection to a pod's port through the API server (``pods/portforward``,
+  the client's WebSocket), as a socket (``k8s_port_forward.py`` serves it on loopback).
 
 ``api_client`` builds the client from ``[kubernetes]``: in-cluster when the orchestrator runs
 in a pod and no context is named, else the kubeconfig (``$KUBECONFIG`` as it is when called,
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -42,7 +45,7 @@ from orchestrator.sandbox.k8s_manifests import (
 )
 from orchestrator.settings import KubernetesSettings
 
-__all__ = ["WATCH_IDLE_S", "K8sApi", "api_client"]
+__all__ = ["IN_CLUSTER_ENV", "WATCH_IDLE_S", "K8sApi", "api_client"]
 
 HTTP_NOT_FOUND: Final = 404
 # Without an event for this long a watch is ended here and started again.
@@ -229,6 +232,29 @@ class K8sApi:
             except self._exceptions.ApiException as exc:
                 if exc.status != HTTP_NOT_FOUND:
                     raise _api_error(exc, f"deleting {name}") from exc
+
+    def port_forward(self, name: str, port: int) -> socket.socket:
+        """A new connection to ``port`` of pod ``name`` through the API server's port-forward:
+        a non-blocking socket whose other end the client's proxy thread relays; closing it ends
+        the forward."""
+        from kubernetes.stream import portforward
+
+        self._count("portforward")
+        try:
+            forward: Any = portforward(
+                self.core.connect_get_namespaced_pod_portforward,
+                name,
+                self.namespace,
+                ports=str(port),
+                _request_timeout=API_TIMEOUT_S,
+            )
+        except self._exceptions.ApiException as exc:
+            raise _api_error(exc, f"forwarding to pod {name}") from exc
+        wrapped = forward.socket(port)  # the client's wrapper of one end of a socket pair
+        own = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(wrapped.fileno()))
+        wrapped.close()
+        own.setblocking(False)
+        return own
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -6,9 +6,10 @@ the pod until it runs with an IP and is Ready (its readiness probe: the gateway 
 connections), or until its status says it never will (``k8s_pod_state.py``: Unschedulable,
 an image that cannot be pulled, OOMKilled, Evicted...: ``SandboxStartError`` in one line).
 The kernel is reached at the pod's IP and ``[kubernetes] gateway_port`` through the same
-``KernelGatewayClient`` as every backend, with the token the Secret carries: the orchestrator
-runs in the cluster. (Reaching it from outside through the API server's port-forward is not
-built.) A pod that fails once it ran is ``KernelDied`` with its one line.
+``KernelGatewayClient`` as every backend, with the token the Secret carries, when the
+orchestrator runs in the cluster; from outside, through a loopback port whose connections are
+port-forwards of the API server (``k8s_port_forward.py``; ``[kubernetes] reach``). A pod that
+fails once it ran is ``KernelDied`` with its one line.
 
 ``stop`` deletes the pod, its Secret and its policy. Every object carries the ownership
 labels (``prime-agent/instance``, ``/session``): a restarted orchestrator ``adopt``s a pod it
@@ -29,7 +30,8 @@ Once the pod is created, its Secret and NetworkPolicy name it as their owner
 (``K8sApi.create``), so a cluster's garbage collector removes them with it. The kernel reads
 the session's NATS credentials from the Secret's files, not from its env (``_session_env``).
 
-Not here yet: port-forward. ``--backend kubernetes`` chooses this backend
+The gateway is reached at the pod's IP, or through API-server port-forwards from outside the
+cluster (``k8s_port_forward.py``, ``[kubernetes] reach``). ``--backend kubernetes`` chooses this backend
 (``sandbox/choice.py``); print mode and the daemon build it with ``from_settings`` (the cluster
 of ``[kubernetes]``, the defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
 ``KubernetesBackend(K8sApi(...))``.
@@ -78,6 +80,7 @@ from orchestrator.sandbox.k8s_manifests import (
     session_objects,
 )
 from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
+from orchestrator.sandbox.k8s_port_forward import PodPortForward, uses_port_forward
 from orchestrator.sandbox.pod_files import PodFiles
 from orchestrator.sandbox.pod_sync import (
     outputs_home,
@@ -146,6 +149,7 @@ class KubernetesSandbox(GatewaySandbox):
         self.ref = SandboxRef(BACKEND_NAME, name, spec.session_id, "", "", "")
         self.failure = ""  # the pod's one line once it failed for good
         self.created = False  # objects may exist in the cluster: stop deletes them
+        self.forward: PodPortForward | None = None  # ``[kubernetes] reach``: port-forward
         self._stopped = False
         self._lock = asyncio.Lock()
         self._recorded: SandboxRef | None = None
@@ -258,7 +262,7 @@ class KubernetesSandbox(GatewaySandbox):
         await self._to_thread(backend.api.create, objects)
         await self._record(self._ref("", ""))
         view = await self._wait_ready()
-        url = gateway_url(view.ip, backend.settings.gateway_port)
+        url = await self._gateway_url(view.ip)
         await self._record(self._ref(url, ""))
         await self._wait_gateway(url)
         booted = time.monotonic()
@@ -330,6 +334,15 @@ class KubernetesSandbox(GatewaySandbox):
                 if time.monotonic() > deadline:
                     raise SandboxStartError(f"pod {self.name}: its gateway at {url} did not answer")
                 await asyncio.sleep(GATEWAY_POLL_S)
+
+    async def _gateway_url(self, ip: str) -> str:
+        """The pod's gateway at its IP, or through a port-forward (``[kubernetes] reach``)."""
+        port = self.backend.settings.gateway_port
+        if not uses_port_forward(self.backend.settings):
+            return gateway_url(ip, port)
+        if self.forward is None:
+            self.forward = PodPortForward(self.backend.api, self.name, port)
+        return await self.forward.url()
 
     def _ref(self, url: str, kernel_id: str) -> SandboxRef:
         return SandboxRef(
@@ -421,7 +434,7 @@ class KubernetesSandbox(GatewaySandbox):
             raise SandboxError(view.failure.line)
         if not view.ready:
             raise SandboxError(f"pod {ref.ref} is not ready (phase {view.phase})")
-        url = gateway_url(view.ip, backend.settings.gateway_port)
+        url = await self._gateway_url(view.ip)
         client = KernelGatewayClient(url, ref.token)
         self.files = PodFiles(url, ref.token)
         self.outputs = await asyncio.to_thread(outputs_home, ref.ref)  # the pod's own path
@@ -508,6 +521,9 @@ class KubernetesSandbox(GatewaySandbox):
         self.files = None
         if self.outputs is not None:
             await asyncio.to_thread(remove_outputs_home, self.outputs)
+        forward, self.forward = self.forward, None
+        if forward is not None:
+            await forward.close()
         if self.created:
             try:
                 await self._to_thread(self.backend.api.delete, self.name)
