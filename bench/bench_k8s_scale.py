@@ -119,15 +119,19 @@ async def _sessions(cluster: Cluster, sessions: int, rounds: int, work: Path) ->
         instance=INSTANCE,
         settings=KubernetesSettings(namespace=NAMESPACE, gateway_port=cluster.gateway_port),
     )
-    workspace = work / "workspace"
-    workspace.mkdir()
     gate = asyncio.Semaphore(CONCURRENCY)
     walls: dict[str, list[float]] = {"create": [], "cell": [], "stop": []}
     names: list[str] = []
     failed: list[str] = []  # starts that failed (a loaded machine): counted, not fatal
 
     async def one(n: int) -> None:
-        spec = SandboxSpec(session_id=f"scale-{n:05d}", cwd=workspace, artifacts_dir=work)
+        # Each session its own (empty) project and outputs: the pod gets a copy of the
+        # project at start and gives it back at stop, as every session's does.
+        own = work / f"scale-{n:05d}"
+        (own / "workspace").mkdir(parents=True)
+        spec = SandboxSpec(
+            session_id=f"scale-{n:05d}", cwd=own / "workspace", artifacts_dir=own / "outputs"
+        )
         async with gate:
             t0 = time.perf_counter()
             try:

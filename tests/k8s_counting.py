@@ -39,6 +39,8 @@ import aiohttp.web
 import kmock
 from kubernetes import client as k8s
 
+from tests.k8s_emulator import UidEmulator
+
 __all__ = ["ApiCounts", "CountedCluster", "CountingEmulator", "counted_cluster"]
 
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
@@ -100,8 +102,9 @@ class ApiCounts:
             }
 
 
-class CountingEmulator(kmock.KubernetesEmulator):
-    """See the module docstring. ``counted_port``: the port whose requests are counted."""
+class CountingEmulator(UidEmulator):
+    """See the module docstring (a uid for every object created, as ``UidEmulator`` gives).
+    ``counted_port``: the port whose requests are counted."""
 
     counted_port: int | None = None
     counts: ApiCounts
@@ -174,6 +177,8 @@ class CountingEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: Any) -> Any:
         if request.resource is not None and request.url.port == self.counted_port:
             verb = str(request.action.value).lower() if request.action is not None else "?"
+            if request.method == kmock.method.PATCH:  # kmock files a PATCH under "update"
+                verb = "patch"
             self.counts.add(verb, request.resource.plural, _object_name(request))
         try:
             return await super()._handle(request)

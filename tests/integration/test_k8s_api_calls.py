@@ -3,7 +3,8 @@ kmock's emulator (tests/k8s_counting.py), on the port the backend's official cli
 not by the backend's own tally. Each pod runs on a node that starts its gateway as a local
 process at a loopback IP of its own (tests/k8s_process_node.py), so these tests need no Docker.
 
-- One session: three creates (Secret, NetworkPolicy, Pod) and ONE watch until Ready, no read
+- One session: three creates (Secret, NetworkPolicy, Pod), two patches (the Secret's and the
+  policy's owner reference, once the pod has its uid) and ONE watch until Ready, no read
   or list while it waits; cells make no request; stop makes three deletes. The node makes the
   pod Ready only once the backend's watch is open at the server: a backend that polled would
   show reads or lists here, and one that never watched would never see the pod Ready.
@@ -48,11 +49,14 @@ LONG_IDLE_S: Final = 120.0  # longer than any start here: one watch per session
 SHORT_IDLE_S: Final = 1.0
 SESSIONS_AT_ONCE: Final = 4
 CELLS: Final = 3
-PER_SESSION: Final = Counter({"create": 3, "watch": 1, "delete": 3})
+PER_SESSION: Final = Counter({"create": 3, "patch": 2, "watch": 1, "delete": 3})
 START_CALLS: Final = {
     ("create", "secrets"): 1,
     ("create", "networkpolicies"): 1,
     ("create", "pods"): 1,
+    # the owner references, once the pod has its uid
+    ("patch", "secrets"): 1,
+    ("patch", "networkpolicies"): 1,
     ("watch", "pods"): 1,
 }
 STOP_CALLS: Final = {
@@ -78,9 +82,11 @@ def backend_for(cluster: CountedCluster, port: int, watch_idle_s: float) -> Kube
 
 
 def spec_for(session: str, tmp_path: Path) -> SandboxSpec:
-    workspace = tmp_path / "workspace"
-    workspace.mkdir(exist_ok=True)
-    return SandboxSpec(session_id=session, cwd=workspace, artifacts_dir=tmp_path)
+    """Each session its own project and outputs: the pod's workspace is a copy of the project,
+    pushed in at start and synced back at stop (on this node, into the project's own path)."""
+    workspace = tmp_path / session / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    return SandboxSpec(session_id=session, cwd=workspace, artifacts_dir=tmp_path / session / "out")
 
 
 def gate_on_watches(cluster: CountedCluster, watches: int) -> object:
@@ -104,7 +110,7 @@ def calls(cluster: CountedCluster) -> dict[tuple[str, str], int]:
     return {key: n for key, n in cluster.counts.calls.items() if n}
 
 
-async def test_a_session_costs_three_creates_one_watch_and_three_deletes(
+async def test_a_session_costs_three_creates_two_patches_one_watch_and_three_deletes(
     cluster: CountedCluster, tmp_path: Path
 ) -> None:
     port = free_gateway_port()
@@ -191,10 +197,10 @@ async def test_port_forward_reaches_the_gateway_through_the_api_server(
             await run_cells(sandbox)
             await sandbox.restart_kernel()  # a new kernel WebSocket: a new forward
             await run_cells(sandbox)
+            await sandbox.stop()  # (the project's copy comes back over a forward too)
+            assert sandbox.forward is None
             forwards = cluster.counts.of("portforward")
             assert forwards >= 2  # one per connection the gateway client opened
-            await sandbox.stop()
-            assert sandbox.forward is None
         finally:
             await backend.close()
     assert cluster.counts.by_object == {
