@@ -19,7 +19,8 @@ Layout (docs/images.md):
   host (``gather_torch_wheels``).
 
 Every image carries the label ``SOURCE_HASH_LABEL``: a hash of the files that run inside it
-(gateway_main, gateway_kernel, relay, proctree, runtime, the Dockerfiles). ``ensure_image``
+(gateway_main, gateway_kernel, gateway_files, file_tar, relay, proctree, runtime, the
+Dockerfiles). ``ensure_image``
 rebuilds when it differs, so tests never run against a stale image.
 
 Sessions name their image (``Settings.sandbox.image``, ``SandboxSpec.image``) as ``session``,
@@ -62,6 +63,7 @@ __all__ = [
     "ensure_session_image",
     "gather_torch_wheels",
     "gather_wheels",
+    "hash_sources",
     "image_exists",
     "image_label",
     "image_tag",
@@ -133,6 +135,8 @@ BUILD_TIMEOUT_S = 1800  # a docker build or pull (a CUDA base is several GB)
 _HASHED_SOURCES = (
     "orchestrator/sandbox/gateway_main.py",
     "orchestrator/sandbox/gateway_kernel.py",
+    "orchestrator/sandbox/gateway_files.py",
+    "orchestrator/sandbox/file_tar.py",
     "orchestrator/sandbox/relay.py",
     "orchestrator/sandbox/proctree.py",
     "orchestrator/runtime",
@@ -221,9 +225,14 @@ def image_label(tag: str, label: str, client: Any | None = None) -> str | None:
 def source_hash(kind: str = "session") -> str:
     """Hash of everything that runs inside an image (see ``_HASHED_SOURCES``), and of what it
     installs (``IMAGE_REQUIREMENTS``): a new requirement makes an existing image stale."""
-    digest = hashlib.sha256()
-    digest.update("\n".join(IMAGE_REQUIREMENTS).encode())
-    for rel in _variant_sources(kind):
+    return hash_sources("\n".join(IMAGE_REQUIREMENTS), _variant_sources(kind))
+
+
+def hash_sources(seed: str, sources: tuple[str, ...]) -> str:
+    """16 hex digits of ``seed`` and the files under ``sources`` (paths in the checkout; a
+    folder counts its ``.py`` files), names and contents: an image's source-hash label."""
+    digest = hashlib.sha256(seed.encode())
+    for rel in sources:
         path = REPO_ROOT / rel
         files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         for file in files:

@@ -32,9 +32,9 @@ the session's NATS credentials from the Secret's files, not from its env (``_ses
 
 The gateway is reached at the pod's IP, or through API-server port-forwards from outside the
 cluster (``k8s_port_forward.py``, ``[kubernetes] reach``). ``--backend kubernetes`` chooses
-this backend (``sandbox/choice.py``); print mode and the daemon build it with ``from_settings`` (the cluster
-of ``[kubernetes]``, the defaults of ``[sandbox]``: ``sandbox/defaults.py``), tests with
-``KubernetesBackend(K8sApi(...))``.
+this backend (``sandbox/choice.py``); print mode and the daemon build it with
+``from_settings`` (the cluster of ``[kubernetes]``, the defaults of ``[sandbox]``:
+``sandbox/defaults.py``), tests with ``KubernetesBackend(K8sApi(...))``.
 """
 
 from __future__ import annotations

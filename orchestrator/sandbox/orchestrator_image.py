@@ -38,6 +38,7 @@ from orchestrator.sandbox.images import (
     BuildResult,
     build_base_offline,
     docker_client,
+    hash_sources,
     image_exists,
     image_label,
     run_checked,
@@ -89,15 +90,7 @@ def direct_pins() -> list[str]:
 
 def orchestrator_source_hash() -> str:
     """Hash of what the image contains: the package's sources, its Dockerfile, the pins."""
-    digest = hashlib.sha256("\n".join(direct_pins()).encode())
-    for rel in _SOURCES:
-        path = REPO_ROOT / rel
-        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        for file in files:
-            if file.is_file():
-                digest.update(str(file.relative_to(REPO_ROOT)).encode())
-                digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
+    return hash_sources("\n".join(direct_pins()), _SOURCES)
 
 
 def gather_orchestrator_wheels(

@@ -24,11 +24,12 @@ import pytest
 from orchestrator.sandbox.choice import KUBERNETES_FIX
 from orchestrator.sandbox.k8s_manifests import SECRET_DIR
 from orchestrator.testing import FakeModelServer
-from tests.helpers import cli, need, write_config
+from tests.helpers import cli, write_config
 from tests.integration.test_sandbox_conformance import workspace
 from tests.k8s_emulator import (
     NAMESPACE,
     EmulatedCluster,
+    docker_for_pods,
     node_in_thread,
     serve_in_thread,
     write_kubeconfig,
@@ -59,16 +60,7 @@ def model() -> Iterator[FakeModelServer]:
 
 @pytest.fixture
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 @pytest.fixture

@@ -40,11 +40,12 @@ from orchestrator.sandbox.k8s_manifests import session_objects as objects_of
 from orchestrator.session_specs import StoredSandboxPolicy
 from orchestrator.settings import KubernetesSettings, Settings
 from orchestrator.testing import FakeModelServer
-from tests.helpers import kill_9, need, wait_until, write_config
+from tests.helpers import kill_9, wait_until, write_config
 from tests.integration.test_daemon import _daemon_pids, daemon_cli
 from tests.k8s_emulator import (
     NAMESPACE,
     EmulatedCluster,
+    docker_for_pods,
     node_in_thread,
     serve_in_thread,
     write_kubeconfig,
@@ -82,16 +83,7 @@ repeat forever:
 
 @pytest.fixture
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 @pytest.fixture
