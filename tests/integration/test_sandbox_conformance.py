@@ -18,6 +18,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Final
 
 import pytest
 import pytest_asyncio
@@ -58,7 +59,10 @@ def workspace(path: Path) -> Path:
     return path
 
 
-BACKENDS = ["local", "docker", "bwrap", "kubernetes"]
+BACKENDS = ["local", "docker", "bwrap", "kubernetes", "kubernetes-cluster"]
+# The real-cluster variant: its kubeconfig, and optionally its namespace and registry.
+CLUSTER_NAMESPACE_ENV: Final = "PRIME_AGENT_CONFORMANCE_NAMESPACE"
+CLUSTER_REGISTRY_ENV: Final = "PRIME_AGENT_CONFORMANCE_REGISTRY"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=BACKENDS)
@@ -96,6 +100,8 @@ async def _backend(name: str, stack: contextlib.AsyncExitStack) -> SandboxBacken
             interrupt_grace_s=GRACE_S,
             output_cap_chars=CAP,
         )
+    elif name == "kubernetes-cluster":
+        b = _real_cluster()
     else:
         why = docker_ready()
         if why is not None:
@@ -104,6 +110,36 @@ async def _backend(name: str, stack: contextlib.AsyncExitStack) -> SandboxBacken
 
         b = DockerBackend(pool_size=0, interrupt_grace_s=GRACE_S, output_cap_chars=CAP)
     return b
+
+
+def _real_cluster() -> SandboxBackend:
+    """The kubernetes backend on the cluster ``$KUBECONFIG`` names (its current context), in
+    ``$PRIME_AGENT_CONFORMANCE_NAMESPACE`` (default ``prime-agent``), the session image pulled
+    from ``$PRIME_AGENT_CONFORMANCE_REGISTRY``; its gateway through port-forward when this
+    process is outside the cluster. Skipped (never failed, even with CI=true: no cluster
+    exists on our machines) when ``KUBECONFIG`` is not set."""
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        pytest.skip(
+            "no real cluster: set KUBECONFIG (and PRIME_AGENT_CONFORMANCE_REGISTRY, where the "
+            "cluster pulls prime-agent/session from) to run this suite against one"
+        )
+    from orchestrator.sandbox.k8s_api import K8sApi, api_client
+    from orchestrator.sandbox.kubernetes import KubernetesBackend
+    from orchestrator.settings import K8S_NAMESPACE, KubernetesSettings
+
+    settings = KubernetesSettings(
+        namespace=os.environ.get(CLUSTER_NAMESPACE_ENV, K8S_NAMESPACE),
+        image_registry=os.environ.get(CLUSTER_REGISTRY_ENV, ""),
+        reach="auto",
+    )
+    return KubernetesBackend(
+        K8sApi(api_client(settings), settings.namespace),
+        instance="conformance",
+        settings=settings,
+        interrupt_grace_s=GRACE_S,
+        output_cap_chars=CAP,
+    )
 
 
 def _spec(tmp: Path, name: str) -> SandboxSpec:
