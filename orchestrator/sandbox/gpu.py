@@ -1,11 +1,15 @@
 """Whether a sandbox can be given a GPU here, and if not, why (one short line).
 
-A GPU reaches a sandbox only one way (docs/images.md, "cuda"): the docker backend passes
+On this machine a GPU reaches a sandbox one way (docs/images.md, "cuda"): the docker backend passes
 ``[sandbox] gpus`` as docker's ``--gpus`` (``docker_run.gpu_requests``), and the engine hands the
 devices and the driver's libraries over through the NVIDIA container runtime. So a GPU is
 available when the backend is docker, the engine answers and has that runtime, and ``[sandbox]
 gpus`` (or the caller's own request) names some. The sweep runner asks before it starts a cell
 whose task needs a GPU (``sweeps/runnable.py``); nothing here starts a container.
+
+On the kubernetes backend the cluster decides: a session pod asks for ``[kubernetes] gpus`` of
+``nvidia.com/gpu``, and a pod no node can give them stays Pending, a start error of one line
+(``k8s_pod_state.py``). So the answer there is only whether the pods ask for any.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ __all__ = [
     "GPU_HOOKS",
     "GPU_RUNTIME",
     "NO_GPU_RUNTIME",
+    "POD_GPUS_NOT_SET",
     "docker_info",
     "gpu_unavailable_reason",
     "has_gpu_runtime",
@@ -34,6 +39,7 @@ GPU_RUNTIME: Final = "nvidia"  # the runtime `docker info` lists where the toolk
 GPU_HOOKS: Final = ("nvidia-container-runtime-hook", "nvidia-container-cli")
 NO_GPU_RUNTIME: Final = "no NVIDIA container runtime in this Docker Engine"
 GPUS_NOT_SET: Final = '[sandbox] gpus is not set (gpus = "all" or a count gives sandboxes GPUs)'
+POD_GPUS_NOT_SET: Final = "[kubernetes] gpus is 0 (a count gives each session pod nvidia.com/gpu)"
 
 
 def docker_info() -> Mapping[str, Any]:
@@ -70,6 +76,8 @@ def gpu_unavailable_reason(
     answers); ``gpus``: what the caller asks for, else ``settings.sandbox.gpus``."""
     if backend in ("bwrap", "local"):
         return f"the backend is {backend}: GPUs need docker"
+    if backend == "kubernetes":  # the pods ask the cluster; this machine's engine says nothing
+        return None if settings.kubernetes.gpus > 0 else POD_GPUS_NOT_SET
     try:
         found = info()
     except UserError as exc:

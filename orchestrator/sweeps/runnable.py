@@ -2,8 +2,10 @@
 
 A task says what it needs (``Task.requires``: ``gpu``) and which sandbox image it runs in
 (``Task.image``). ``Machine`` answers each need once (a GPU: ``sandbox/gpu.py``; an image: is
-it in the local engine) and ``cannot_run`` maps a task to the first unmet need as one line
-(``needs a GPU: no NVIDIA container runtime in this Docker Engine``), or None. The runner marks
+it in the local engine; on the kubernetes backend, whose pods the cluster runs from its
+registry, an image is assumed there and a GPU is there when the pods ask for one) and
+``cannot_run`` maps a task to the first unmet need as one line (``needs a GPU: no NVIDIA
+container runtime in this Docker Engine``), or None. The runner marks
 those cells ``unrunnable`` with the reason and reports them grouped (``report_lines``); they
 stay unscored, and the next ``sweep run`` asks again.
 """
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["Machine", "cannot_run", "report_lines", "unrunnable"]
 
 NON_DOCKER: Final = ("bwrap", "local")
+# Its pods' images and GPUs are the cluster's: nothing on this machine tells (docs/kubernetes.md).
+CLUSTER_BACKEND: Final = "kubernetes"
 
 
 @dataclass
@@ -57,6 +61,8 @@ class Machine:
         return self._images[image]
 
     def torch_reason(self, image: str) -> str | None:
+        if self.backend == CLUSTER_BACKEND:
+            return None  # the image is the cluster's registry's: its labels are not read here
         if image not in self._torch:
             check = self.torch_in or _torch_label
             self._torch[image] = check(image)
@@ -67,6 +73,8 @@ class Machine:
 
         if self.backend in NON_DOCKER:
             return f"the backend is {self.backend}: images need docker"
+        if self.backend == CLUSTER_BACKEND:
+            return None  # the cluster pulls it; one it cannot is a pod's start error, one line
         try:
             tag = resolve_image(image)
             if image_exists(tag):

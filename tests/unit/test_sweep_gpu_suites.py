@@ -18,7 +18,12 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.sandbox.gpu import GPUS_NOT_SET, NO_GPU_RUNTIME, gpu_unavailable_reason
+from orchestrator.sandbox.gpu import (
+    GPUS_NOT_SET,
+    NO_GPU_RUNTIME,
+    POD_GPUS_NOT_SET,
+    gpu_unavailable_reason,
+)
 from orchestrator.sandbox.images import CUDA_BASE_DEFAULT, CUDA_OFFLINE, cuda_plan
 from orchestrator.settings import Settings
 from orchestrator.sweeps.grid import expand
@@ -244,6 +249,13 @@ def test_a_gpu_is_available_only_through_docker_with_the_nvidia_runtime_and_gpus
         why = gpu_unavailable_reason(_settings("all"), backend=backend, info=nvidia)
         assert why == f"the backend is {backend}: GPUs need docker"
 
+    # On kubernetes the pods ask the cluster: only whether they ask for GPUs is known here.
+    assert gpu_unavailable_reason(_settings(), backend="kubernetes", info=plain) == (
+        POD_GPUS_NOT_SET
+    )
+    on_cluster = Settings.model_validate({"kubernetes": {"gpus": 1}})
+    assert gpu_unavailable_reason(on_cluster, backend="kubernetes", info=plain) is None
+
     def down() -> Mapping[str, Any]:
         raise UserError("Docker is not reachable: no socket")
 
@@ -296,6 +308,9 @@ def test_the_cells_a_machine_cannot_run_are_found_once_per_task_and_reported_by_
     assert cannot_run(speedrun, no_torch) == "needs PyTorch: built without"
     niah = next(c.task for c in cells if c.task.suite == "s-niah")
     assert cannot_run(niah, Machine(_settings(), gpu=gpu)) is None
+    # On kubernetes neither the local engine's images nor their labels are asked.
+    cluster = Machine(_settings(), backend="kubernetes", gpu=lambda: None)
+    assert cannot_run(kernel, cluster) is None and cannot_run(speedrun, cluster) is None
 
 
 # --- which cuda build ---------------------------------------------------------------------------
