@@ -1,7 +1,8 @@
 """``prime-agent doctor [--fix]``: which sandbox backends work here (docker, bwrap, local; what
 ``--backend auto`` picks; whether the cluster of ``[kubernetes]`` answers), the control
 socket, the daemon's NATS server, the database's integrity and orphaned sandboxes (docker
-containers, local gateways); ``--fix`` removes what nothing owns
+containers, local gateways, pods of print-mode runs that are gone); ``--fix`` removes what
+nothing owns
 (``orchestrator/daemon/doctor.py`` says what and why). One line per finding; exit 1 when a
 problem remains.
 
@@ -22,6 +23,7 @@ from orchestrator.cli.common import EXIT_ERROR, guarded
 if TYPE_CHECKING:
     from orchestrator.daemon.doctor import Finding
     from orchestrator.paths import Paths
+    from orchestrator.settings import Settings
 
 __all__ = ["doctor"]
 
@@ -57,6 +59,7 @@ def _doctor(fix: bool, all_instances: bool) -> int:
         *checks.check_local_sandboxes(paths, daemon, fix=fix),
         *checks.check_bwrap_sandboxes(paths, daemon, fix=fix),
         *_docker_findings(fix, all_instances),
+        *_kubernetes_findings(paths, fix),
     ]
     for finding in findings:
         typer.echo(finding.line())
@@ -65,17 +68,12 @@ def _doctor(fix: bool, all_instances: bool) -> int:
 
 def _backend_findings(paths: Paths) -> list[Finding]:
     from orchestrator.daemon.doctor import check_backends
-    from orchestrator.errors import ConfigError
     from orchestrator.sandbox.bwrap_probe import bwrap_usable
     from orchestrator.sandbox.docker import docker_usable
     from orchestrator.sandbox.images import resolve_image
     from orchestrator.sandbox.k8s_status import kubernetes_usable
-    from orchestrator.settings import Settings, load_settings
 
-    try:
-        settings = load_settings(paths.config_file)
-    except ConfigError:  # the default image then; the config's error shows where it is used
-        settings = Settings()
+    settings = _settings(paths)
     image = resolve_image(settings.sandbox.image)
     return check_backends(
         lambda: docker_usable(image),
@@ -84,6 +82,62 @@ def _backend_findings(paths: Paths) -> list[Finding]:
         kubernetes_status=lambda: kubernetes_usable(settings.kubernetes),
         namespace=settings.kubernetes.namespace,
     )
+
+
+def _settings(paths: Paths) -> Settings:
+    from orchestrator.errors import ConfigError
+    from orchestrator.settings import Settings, load_settings
+
+    try:
+        return load_settings(paths.config_file)
+    except ConfigError:  # the defaults then; the config's error shows where it is used
+        return Settings()
+
+
+def _kubernetes_findings(paths: Paths, fix: bool) -> list[Finding]:
+    """Pods of print-mode runs that are gone (``sandbox/k8s_orphans.py``), when the cluster of
+    ``[kubernetes]`` answers (the backend findings say why when it does not)."""
+    import socket
+
+    from orchestrator.daemon.doctor import Finding
+    from orchestrator.instance import read_instance_id
+    from orchestrator.sandbox.k8s_api import K8sApi, api_client
+    from orchestrator.sandbox.k8s_manifests import label_value
+    from orchestrator.sandbox.k8s_orphans import run_pods
+    from orchestrator.sandbox.k8s_status import kubernetes_usable
+    from orchestrator.sandbox.pod_sync import outputs_path, remove_outputs_home
+
+    cluster = _settings(paths).kubernetes
+    instance = read_instance_id(paths.data_dir)
+    if instance is None or not kubernetes_usable(cluster)[0]:
+        return []
+    api = K8sApi(api_client(cluster), cluster.namespace)
+    pods = run_pods(api, instance)
+    orphans = [pod for pod in pods if pod.orphaned]
+    findings = [
+        Finding("kubernetes", f"{len(orphans)} orphaned pod(s)", problem=bool(orphans)),
+        *(
+            Finding("kubernetes", f"  {p.name} session={p.session_id} (run pid {p.pid} is gone)")
+            for p in orphans
+        ),
+    ]
+    if orphans and fix:
+        for pod in orphans:
+            api.delete(pod.name)
+            remove_outputs_home(outputs_path(pod.name))
+        findings.append(Finding("kubernetes", f"removed {len(orphans)}"))
+        findings[0].fixed = True
+    here = label_value(socket.gethostname())
+    elsewhere = [pod for pod in pods if pod.host != here]
+    if elsewhere:
+        findings.append(
+            Finding(
+                "kubernetes",
+                f"{len(elsewhere)} pod(s) of print-mode runs on other hosts, kept (doctor on "
+                "their host judges them): " + ", ".join(pod.name for pod in elsewhere),
+            )
+        )
+    return findings
 
 
 def _docker_findings(fix: bool, all_instances: bool) -> list[Finding]:

@@ -218,6 +218,19 @@ class K8sApi:
         pods = [self._plain(pod) for pod in listed.items]
         return [pod for pod in pods if _has_labels(pod, instance)]
 
+    def run_pods(self, instance: str) -> list[dict[str, Any]]:
+        """Session pods of ``instance``'s print-mode runs in the namespace (``daemon=false``)."""
+        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance},{LABEL_DAEMON}=false"
+        self._count("list")
+        try:
+            listed = self.core.list_namespaced_pod(
+                self.namespace, label_selector=selector, _request_timeout=API_TIMEOUT_S
+            )
+        except self._exceptions.ApiException as exc:
+            raise _api_error(exc, "listing pods") from exc
+        pods = [self._plain(pod) for pod in listed.items]
+        return [pod for pod in pods if _has_labels(pod, instance, daemon=False)]
+
     def delete(self, name: str) -> None:
         """Delete the Pod, Secret and NetworkPolicy named ``name`` (each may be gone)."""
         deleters: list[Callable[..., Any]] = [
@@ -261,10 +274,10 @@ class K8sApi:
             self.client.close()
 
 
-def _has_labels(pod: Mapping[str, Any], instance: str) -> bool:
+def _has_labels(pod: Mapping[str, Any], instance: str, *, daemon: bool = True) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return (
         labels.get(APP_LABEL) == SESSION_APP
         and labels.get(LABEL_INSTANCE) == instance
-        and labels.get(LABEL_DAEMON) == "true"
+        and labels.get(LABEL_DAEMON) == ("true" if daemon else "false")
     )

@@ -13,8 +13,10 @@ Kubernetes schemas.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -42,7 +44,9 @@ __all__ = [
     "APP_LABEL",
     "GPU_RESOURCE",
     "LABEL_DAEMON",
+    "LABEL_HOST",
     "LABEL_INSTANCE",
+    "LABEL_PID",
     "LABEL_ROOT",
     "LABEL_SESSION",
     "NATS_APP",
@@ -50,8 +54,10 @@ __all__ = [
     "POD_OUTPUTS_DIR",
     "SECRET_DIR",
     "SESSION_APP",
+    "RunProcess",
     "SessionPod",
     "files_roots",
+    "label_value",
     "owner_reference",
     "pod_name",
     "session_network_policy",
@@ -76,6 +82,12 @@ LABEL_ROOT: Final = "prime-agent/root"
 # "true" on a daemon's sandboxes (``SandboxSpec.die_with_parent`` off): only those are the
 # next daemon's to adopt or remove (a print-mode run's pod of the same instance is not).
 LABEL_DAEMON: Final = "prime-agent/daemon"
+# A print-mode run's pod: the host and pid of the run (``RunProcess``); doctor --fix removes
+# the pods of runs on this host that are gone.
+LABEL_HOST: Final = "prime-agent/host"
+LABEL_PID: Final = "prime-agent/pid"
+LABEL_VALUE_MAX_CHARS: Final = 63
+UNKNOWN_HOST: Final = "unknown"
 
 POD_NAME_PREFIX: Final = "prime-agent-"
 # What a session id must be to name a pod (inside a DNS label) and be a label value: lower
@@ -130,13 +142,35 @@ NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
 @dataclass(frozen=True)
 class SessionPod:
     """One sandbox pod to build: the session's spec, the policy it was created with, who owns
-    the pod (``instance``), the gateway's ``token`` and the pod's ``name`` (``pod_name``)."""
+    the pod (``instance``), the gateway's ``token`` and the pod's ``name`` (``pod_name``).
+    ``run``: for a print-mode run's pod (``spec.die_with_parent``), the run's process, so that
+    ``doctor`` can tell the pod of a run that is gone (a cluster has no die-with-parent)."""
 
     spec: SandboxSpec
     policy: StoredSandboxPolicy
     instance: str
     token: str
     name: str
+    run: RunProcess | None = None
+
+
+@dataclass(frozen=True)
+class RunProcess:
+    """The process that owns a print-mode run's pod: its host's name and its pid."""
+
+    host: str
+    pid: int
+
+    @classmethod
+    def this(cls) -> RunProcess:
+        return cls(label_value(socket.gethostname()), os.getpid())
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: lower case, ``[a-z0-9.-]`` and at most 63 characters,
+    starting and ending with an alphanumeric (``unknown`` when nothing of it is left)."""
+    cleaned = re.sub(r"[^a-z0-9.-]+", "-", text.lower())[:LABEL_VALUE_MAX_CHARS].strip(".-")
+    return cleaned or UNKNOWN_HOST
 
 
 def pod_name(session_id: str, suffix: str | None = None) -> str:
@@ -166,6 +200,11 @@ def _labels(request: SessionPod) -> dict[str, str]:
         LABEL_SESSION: spec.session_id,
         LABEL_ROOT: spec.labels.get("root", spec.session_id),
         LABEL_DAEMON: "false" if spec.die_with_parent else "true",
+        **(
+            {LABEL_HOST: request.run.host, LABEL_PID: str(request.run.pid)}
+            if request.run is not None and spec.die_with_parent
+            else {}
+        ),
     }
 
 

@@ -75,6 +75,7 @@ from orchestrator.sandbox.k8s_manifests import (
     LABEL_INSTANCE,
     LABEL_SESSION,
     SECRET_DIR,
+    RunProcess,
     SessionPod,
     pod_name,
     session_objects,
@@ -255,7 +256,12 @@ class KubernetesSandbox(GatewaySandbox):
         self.token = secrets.token_urlsafe(TOKEN_BYTES)
         self.outputs = await asyncio.to_thread(outputs_home, self.name)
         request = SessionPod(
-            spec, backend.policy_for(spec), backend.instance, self.token, self.name
+            spec,
+            backend.policy_for(spec),
+            backend.instance,
+            self.token,
+            self.name,
+            run=RunProcess.this() if spec.die_with_parent else None,
         )
         objects = session_objects(request, backend.settings)  # SandboxStartError: mounts
         self.created = True

@@ -15,14 +15,27 @@ writes, its pods run on the local Docker Engine by a test node (tests/k8s_emulat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 import pytest
 
+from orchestrator.instance import instance_id
+from orchestrator.sandbox.base import SandboxSpec
 from orchestrator.sandbox.choice import KUBERNETES_FIX
-from orchestrator.sandbox.k8s_manifests import SECRET_DIR
+from orchestrator.sandbox.k8s_api import K8sApi
+from orchestrator.sandbox.k8s_manifests import (
+    SECRET_DIR,
+    RunProcess,
+    SessionPod,
+    pod_name,
+    session_objects,
+)
+from orchestrator.session_specs import StoredSandboxPolicy
+from orchestrator.settings import KubernetesSettings
 from orchestrator.testing import FakeModelServer
 from tests.helpers import cli, write_config
 from tests.integration.test_sandbox_conformance import workspace
@@ -38,6 +51,8 @@ from tests.k8s_emulator import (
 CLI_TIMEOUT_S: Final = 180.0
 KINDS: Final = ("pods", "secrets", "networkpolicies")
 NOWHERE: Final = "http://127.0.0.1:1"  # nothing listens on port 1
+POD_MEMORY_BYTES: Final = 512 * 1024 * 1024
+POD_PIDS: Final = 256
 SESSION_FILE: Final = Path(__file__).resolve().parents[1] / "fixtures" / "jsonl" / "v3_tree.jsonl"
 
 SCRIPT: Final = f"""
@@ -147,3 +162,56 @@ def test_doctor_says_whether_the_cluster_answers_and_never_counts_it_a_problem(
         f"backend: kubernetes usable with --backend kubernetes only (namespace {NAMESPACE})"
     ], proc.stdout
     assert proc.returncode == unusable_code  # the same verdict either way
+
+
+def _run_pod(cluster: EmulatedCluster, tmp_path: Path, session: str, run: RunProcess) -> str:
+    """The objects of a print-mode run's pod, as that run (``run``) would have created them."""
+    spec = SandboxSpec(session_id=session, cwd=tmp_path, artifacts_dir=tmp_path)
+    policy = StoredSandboxPolicy(
+        backend="kubernetes", image="session", workspace="rw", network=False,
+        memory_bytes=POD_MEMORY_BYTES, cpus=1.0, pids=POD_PIDS,
+    )  # fmt: skip
+    name = pod_name(session)
+    request = SessionPod(spec, policy, instance_id(), "a-token", name, run=run)
+    objects = session_objects(request, KubernetesSettings(namespace=NAMESPACE))
+    K8sApi(cluster.api_client(), NAMESPACE).create(objects)
+    return name
+
+
+def test_doctor_fix_removes_the_pods_of_print_runs_that_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A print-mode run killed with -9 leaves its pod (a cluster has no die-with-parent):
+    doctor names it and --fix deletes its three objects; the pod of a run still alive and one
+    of a run on another host stay."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    gone_pid = _reaped_pid()
+    here = RunProcess.this().host
+    with serve_in_thread() as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", cluster.url)))
+        dead = _run_pod(cluster, tmp_path, "s-dead-run", RunProcess(here, gone_pid))
+        alive = _run_pod(cluster, tmp_path, "s-live-run", RunProcess(here, os.getpid()))
+        other = _run_pod(cluster, tmp_path, "s-far-run", RunProcess("another-host", gone_pid))
+        found = cli(["doctor"], timeout=CLI_TIMEOUT_S)
+        assert "kubernetes: 1 orphaned pod(s)" in found.stdout.splitlines(), found.stdout
+        assert f"kubernetes:   {dead} session=s-dead-run (run pid {gone_pid} is gone)" in (
+            found.stdout.splitlines()
+        )
+        assert cluster.names("pods") == {dead, alive, other}  # without --fix nothing goes
+        fixed = cli(["doctor", "--fix"], timeout=CLI_TIMEOUT_S)
+        assert "kubernetes: 1 orphaned pod(s) (fixed)" in fixed.stdout.splitlines(), fixed.stdout
+        assert "kubernetes: removed 1" in fixed.stdout.splitlines()
+        assert any(
+            line.startswith("kubernetes: 1 pod(s) of print-mode runs on other hosts, kept")
+            and line.endswith(other)
+            for line in fixed.stdout.splitlines()
+        ), fixed.stdout
+        for kind in KINDS:
+            assert cluster.names(kind) == {alive, other}, kind
+
+
+def _reaped_pid() -> int:
+    """The pid of a child that has exited and been reaped (nothing runs under it now)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

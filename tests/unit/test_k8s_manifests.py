@@ -6,6 +6,7 @@ properties of docs/kubernetes.md. No cluster is needed (none exists here)."""
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,14 +32,18 @@ from orchestrator.sandbox.k8s_manifests import (
     APP_LABEL,
     GPU_RESOURCE,
     LABEL_DAEMON,
+    LABEL_HOST,
     LABEL_INSTANCE,
+    LABEL_PID,
     LABEL_ROOT,
     LABEL_SESSION,
     NATS_APP,
     ORCHESTRATOR_APP,
     SECRET_DIR,
+    RunProcess,
     SessionPod,
     files_roots,
+    label_value,
     owner_reference,
     pod_name,
     secret_files,
@@ -396,3 +401,26 @@ def test_bad_kubernetes_settings_are_one_line(tmp_path: Path, line: str, where: 
         load_settings(path)
     message = str(caught.value)
     assert where in message and "\n" not in message
+
+
+def test_a_print_runs_pod_names_its_run_and_a_daemons_pod_does_not() -> None:
+    run = RunProcess("build-host-7", 4242)
+    daemon_pod = replace(request(), spec=replace(request().spec, die_with_parent=False), run=run)
+    labels = session_pod(daemon_pod, KubernetesSettings())["metadata"]["labels"]
+    assert LABEL_HOST not in labels and LABEL_PID not in labels and labels[LABEL_DAEMON] == "true"
+    print_pod = replace(request(), spec=replace(request().spec, die_with_parent=True), run=run)
+    labels = session_pod(print_pod, KubernetesSettings())["metadata"]["labels"]
+    assert (labels[LABEL_HOST], labels[LABEL_PID], labels[LABEL_DAEMON]) == (
+        "build-host-7",
+        "4242",
+        "false",
+    )
+    validate_everywhere(session_pod(print_pod, KubernetesSettings()))
+
+
+def test_a_host_name_becomes_a_label_value() -> None:
+    assert label_value("Build_Host.Example.COM") == "build-host.example.com"
+    assert label_value("-" * 10) == "unknown"
+    long = label_value("a" * 100 + ".b")
+    assert len(long) == 63 and long == "a" * 63
+    assert RunProcess.this().pid == os.getpid()
