@@ -30,6 +30,8 @@ __all__ = [
     "CellResult",
     "CellStatus",
     "OutputListener",
+    "PodDetails",
+    "PodEvent",
     "ResourceLimits",
     "Sandbox",
     "SandboxBackend",
@@ -188,6 +190,34 @@ class CellResult:
 
 
 @dataclass(frozen=True)
+class PodEvent:
+    """One core/v1 Event about a pod (``k8s_pod_info.py``): ``kind`` is ``Normal`` or
+    ``Warning``, ``count`` how often it happened, ``at`` when it last did (aware UTC)."""
+
+    at: datetime | None
+    kind: str
+    reason: str
+    message: str
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class PodDetails:
+    """What a Kubernetes sandbox adds to ``SandboxInfo``: where the pod runs, how it fares,
+    its newest events (oldest first) and its resource use from metrics.k8s.io, or in
+    ``metrics`` why there is none ("no metrics server")."""
+
+    namespace: str
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    node: str | None = None
+    ip: str | None = None
+    restarts: int = 0
+    events: tuple[PodEvent, ...] = ()
+    cpu_millicores: float | None = None  # over the metrics window (1000 = one CPU busy)
+    metrics: str = ""  # "" when cpu and memory come from metrics.k8s.io, else why not
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """What a sandbox can tell about itself now (the control API's ``sandbox_info``); a field
     a backend cannot know is None. ``cpu_seconds`` is the CPU time used since it started (all
@@ -201,6 +231,7 @@ class SandboxInfo:
     memory_bytes: int | None = None
     memory_limit_bytes: int | None = None
     log_tail: tuple[str, ...] = ()  # at most SANDBOX_LOG_TAIL_LINES, oldest first
+    pod: PodDetails | None = None  # the kubernetes backend's pod; None for other backends
 
 
 class SilentRunner(Protocol):

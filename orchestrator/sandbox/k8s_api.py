@@ -19,6 +19,9 @@ come out as plain dicts (camelCase, as ``kubectl`` shows them). What it does:
 - ``delete``: a session's Pod, Secret and NetworkPolicy by name (one already gone is fine).
 - ``port_forward``: one connection to a pod's port through the API server (``pods/portforward``,
   the client's WebSocket), as a socket (``k8s_port_forward.py`` serves it on loopback).
+- ``pod_events``: the core/v1 Events about one pod (field selector sent, names checked here).
+- ``pod_metrics``: the pod's metrics.k8s.io PodMetrics, or why there are none: a 404 asks
+  the group's discovery once, to tell "no metrics server" from "none for this pod yet".
 
 ``api_client`` builds the client from ``[kubernetes]``: in-cluster when the orchestrator runs
 in a pod and no context is named, else the kubeconfig (``$KUBECONFIG`` as it is when called,
@@ -43,9 +46,17 @@ from orchestrator.sandbox.k8s_manifests import (
     SESSION_APP,
     owner_reference,
 )
+from orchestrator.sandbox.k8s_pod_info import NO_METRICS_SERVER, NO_POD_METRICS
 from orchestrator.settings import KubernetesSettings
 
-__all__ = ["IN_CLUSTER_ENV", "WATCH_IDLE_S", "K8sApi", "api_client"]
+__all__ = [
+    "IN_CLUSTER_ENV",
+    "METRICS_GROUP",
+    "METRICS_VERSION",
+    "WATCH_IDLE_S",
+    "K8sApi",
+    "api_client",
+]
 
 HTTP_NOT_FOUND: Final = 404
 # Without an event for this long a watch is ended here and started again.
@@ -54,6 +65,9 @@ IN_CLUSTER_ENV: Final = "KUBERNETES_SERVICE_HOST"
 KUBECONFIG_ENV: Final = "KUBECONFIG"
 DEFAULT_KUBECONFIG: Final = "~/.kube/config"
 API_TIMEOUT_S: Final = 30.0
+METRICS_GROUP: Final = "metrics.k8s.io"
+METRICS_VERSION: Final = "v1beta1"
+METRICS_PODS: Final = "pods"
 
 
 def api_client(settings: KubernetesSettings) -> Any:
@@ -97,6 +111,7 @@ class K8sApi:
         self.watch_idle_s = watch_idle_s
         self.core = k8s.CoreV1Api(client)
         self.networking = k8s.NetworkingV1Api(client)
+        self.custom = k8s.CustomObjectsApi(client)
         self._exceptions = k8s.exceptions
         # Every call this object made, by verb ("create", "patch", "read", "list", "watch",
         # "delete").
@@ -230,6 +245,53 @@ class K8sApi:
             raise _api_error(exc, "listing pods") from exc
         pods = [self._plain(pod) for pod in listed.items]
         return [pod for pod in pods if _has_labels(pod, instance, daemon=False)]
+
+    def pod_events(self, name: str) -> list[dict[str, Any]]:
+        """The namespace's core/v1 Events whose ``involvedObject`` is pod ``name``."""
+        self._count("list")
+        try:
+            listed = self.core.list_namespaced_event(
+                self.namespace,
+                field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}",
+                _request_timeout=API_TIMEOUT_S,
+            )
+        except self._exceptions.ApiException as exc:
+            raise _api_error(exc, f"listing the events of pod {name}") from exc
+        events = [self._plain(event) for event in listed.items]
+        return [e for e in events if (e.get("involvedObject") or {}).get("name") == name]
+
+    def pod_metrics(self, name: str) -> tuple[dict[str, Any] | None, str]:
+        """Pod ``name``'s PodMetrics and ""; or None and why there are none (one line)."""
+        self._count("read")
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                METRICS_GROUP,
+                METRICS_VERSION,
+                self.namespace,
+                METRICS_PODS,
+                name,
+                _request_timeout=API_TIMEOUT_S,
+            )
+        except self._exceptions.ApiException as exc:
+            if exc.status != HTTP_NOT_FOUND:
+                return None, f"metrics server unavailable ({exc.status}: {exc.reason})"
+        else:
+            return (dict(found), "") if isinstance(found, Mapping) else (None, NO_POD_METRICS)
+        # Not found: the pod's metrics, or the whole metrics.k8s.io group? Its discovery says.
+        self._count("read")
+        try:
+            served: Any = self.custom.get_api_resources(
+                METRICS_GROUP,
+                METRICS_VERSION,
+                _preload_content=False,
+                _request_timeout=API_TIMEOUT_S,
+            )
+            served.release_conn()
+        except self._exceptions.ApiException as exc:
+            if exc.status == HTTP_NOT_FOUND:
+                return None, NO_METRICS_SERVER
+            return None, f"metrics server unavailable ({exc.status}: {exc.reason})"
+        return None, NO_POD_METRICS
 
     def delete(self, name: str) -> None:
         """Delete the Pod, Secret and NetworkPolicy named ``name`` (each may be gone)."""

@@ -48,7 +48,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -80,6 +79,7 @@ from orchestrator.sandbox.k8s_manifests import (
     pod_name,
     session_objects,
 )
+from orchestrator.sandbox.k8s_pod_info import pod_info
 from orchestrator.sandbox.k8s_pod_state import PodView, view_pod
 from orchestrator.sandbox.k8s_port_forward import PodPortForward, uses_port_forward
 from orchestrator.sandbox.pod_files import PodFiles
@@ -492,23 +492,26 @@ class KubernetesSandbox(GatewaySandbox):
         return await self.client.kernel_alive()
 
     async def info(self) -> SandboxInfo:
+        """The pod (phase, node, restarts, limits), its newest events and its resource use
+        from metrics.k8s.io (``k8s_pod_info.py``); a pod that is gone is ``state`` gone."""
+        api = self.backend.api
         try:
-            pod = await asyncio.to_thread(self.backend.api.read_pod, self.name)
+            pod = await asyncio.to_thread(api.read_pod, self.name)
         except SandboxError:
             pod = None
         if pod is None:
             return SandboxInfo(name=self.name, state="gone")
-        container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
-        memory = str(((container.get("resources") or {}).get("limits") or {}).get("memory", ""))
-        started = (pod.get("status") or {}).get("startTime")
-        view = view_pod(pod)
-        return SandboxInfo(
-            name=self.name,
-            image=container.get("image"),
-            state="running" if view.ready else view.phase.lower(),
-            started_at=datetime.fromisoformat(started) if isinstance(started, str) else None,
-            memory_limit_bytes=int(memory) if memory.isdigit() else None,  # as the builder writes
-        )
+        metrics_read = asyncio.to_thread(api.pod_metrics, self.name)
+        events, (metrics, why) = await asyncio.gather(self._events(), metrics_read)
+        return pod_info(pod, events, metrics, why)
+
+    async def _events(self) -> list[dict[str, Any]]:
+        """The pod's events; none when they cannot be listed (diagnostics only)."""
+        try:
+            return await asyncio.to_thread(self.backend.api.pod_events, self.name)
+        except SandboxError as exc:
+            log.warning("kubernetes: %s", exc)
+            return []
 
     async def stop(self) -> None:
         if self._stopped:
