@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         REFINE_INSTRUCTIONS_MAX_CHARS,
         SCHEDULE_PROMPT_MAX_CHARS,
     )
+    from orchestrator.api.sandbox_pod import SandboxPod, SandboxPodEvent
     from orchestrator.api.server import (
         ClientInfo,
         CommandHandler,
@@ -63,6 +64,8 @@ _HOMES: Final = {
     "MAX_ID_CHARS": "orchestrator.api.protocol",
     "REFINE_INSTRUCTIONS_MAX_CHARS": "orchestrator.api.protocol",
     "SCHEDULE_PROMPT_MAX_CHARS": "orchestrator.api.protocol",
+    "SandboxPod": "orchestrator.api.sandbox_pod",
+    "SandboxPodEvent": "orchestrator.api.sandbox_pod",
     "ClientInfo": "orchestrator.api.server",
     "CommandHandler": "orchestrator.api.server",
     "ControlServer": "orchestrator.api.server",
@@ -98,6 +101,8 @@ __all__ = [
     "PermissionDenied",
     "ProtocolMismatch",
     "Resync",
+    "SandboxPod",
+    "SandboxPodEvent",
     "SessionSnapshot",
     "SocketPathError",
     "Stream",

@@ -4,7 +4,10 @@ session's sandbox as the TUI's inspector shows it, and stopping or restarting it
 ``sandbox_info`` never wakes a session: one that is not loaded, or has no sandbox up (none
 started yet, starting, lost), answers ``sandbox: null``. CPU percent is computed here, in one
 place (``CpuMeter``): the sandbox reports the CPU seconds it has used, and the percent is the
-share of one CPU over the time since the previous ``sandbox_info`` of that very sandbox.
+share of one CPU over the time since the previous ``sandbox_info`` of that very sandbox. A
+kubernetes sandbox's answer also has ``pod`` (``orchestrator/api/sandbox_pod.py``: namespace,
+phase, node, restarts, newest events, metrics); its CPU percent is metrics.k8s.io's rate over
+the metrics window (no counter to compare), or null without a metrics server.
 
 ``sandbox_control`` goes through the orchestrator's own operations: ``stop`` is
 ``Orchestrator.unload`` (a last namespace snapshot, sandbox stopped, status ``inactive``; input
@@ -29,11 +32,12 @@ from typing import Final
 
 from orchestrator.api.errors import ApiCommandError
 from orchestrator.api.protocol import JsonObject, SandboxControl
+from orchestrator.api.sandbox_pod import SandboxPod, SandboxPodEvent
 from orchestrator.api.wire import E_BUSY
 from orchestrator.daemon.command_context import CommandContext
 from orchestrator.daemon.tree_commands import quiet_family
 from orchestrator.errors import SandboxError, SandboxStartError, UserError
-from orchestrator.sandbox.base import Sandbox, SandboxInfo, SandboxRef
+from orchestrator.sandbox.base import PodDetails, Sandbox, SandboxInfo, SandboxRef
 from orchestrator.sessions.compaction import running_sandbox
 from orchestrator.sessions.live import LiveSession
 from orchestrator.sessions.manager import TERMINAL_STATES
@@ -55,6 +59,7 @@ SANDBOX_INFO_TIMEOUT_S: Final = 10.0
 # The CPU meter remembers at most this many sandboxes (the least recently sampled go first).
 CPU_SAMPLES_MAX: Final = 256
 PERCENT: Final = 100.0
+MILLICORES_PER_CPU: Final = 1000.0
 CPU_PERCENT_DECIMALS: Final = 1
 SECONDS_DECIMALS: Final = 3
 
@@ -120,7 +125,12 @@ async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
     started = info.started_at
     uptime = (datetime.now(UTC) - started).total_seconds() if started is not None else None
     cpu = info.cpu_seconds
-    return {
+    cpu_percent = meter.sample(_key(ref), cpu)
+    pod = info.pod
+    if pod is not None and pod.cpu_millicores is not None and cpu_percent is None:
+        # metrics.k8s.io gives a rate over its window, not a counter to compare.
+        cpu_percent = round(pod.cpu_millicores / MILLICORES_PER_CPU * PERCENT, CPU_PERCENT_DECIMALS)
+    answer: JsonObject = {
         "backend": ref.backend,
         "name": info.name,
         "ref": ref.ref,
@@ -128,12 +138,38 @@ async def _describe(meter: CpuMeter, sandbox: Sandbox) -> JsonObject:
         "state": info.state,
         "started_at": started.isoformat() if started is not None else None,
         "uptime_s": round(max(0.0, uptime), SECONDS_DECIMALS) if uptime is not None else None,
-        "cpu_percent": meter.sample(_key(ref), cpu),
+        "cpu_percent": cpu_percent,
         "cpu_seconds": round(cpu, SECONDS_DECIMALS) if cpu is not None else None,
         "memory_bytes": info.memory_bytes,
         "memory_limit_bytes": info.memory_limit_bytes,
         "log_tail": list(info.log_tail),
     }
+    if pod is not None:  # only the kubernetes backend's answer has the key
+        answer["pod"] = _pod(pod).model_dump(mode="json")
+    return answer
+
+
+def _pod(pod: PodDetails) -> SandboxPod:
+    events = [
+        SandboxPodEvent(
+            at=event.at,
+            kind=event.kind,
+            reason=event.reason,
+            message=event.message,
+            count=event.count,
+        )
+        for event in pod.events
+    ]
+    return SandboxPod(
+        namespace=pod.namespace,
+        phase=pod.phase,
+        node=pod.node,
+        ip=pod.ip,
+        restarts=pod.restarts,
+        events=events,
+        cpu_millicores=pod.cpu_millicores,
+        metrics=pod.metrics,
+    )
 
 
 async def sandbox_info(daemon: CommandContext, meter: CpuMeter, rec: SessionRecord) -> JsonObject:
