@@ -1,4 +1,5 @@
-"""``prime-agent agents``: every session tree with status, depth, backend and usage.
+"""``prime-agent agents``: every session tree with status, depth, backend, usage and the
+sandbox a loaded session runs in (a pod's name, a container's short id, a gateway's pid).
 
 Through the daemon (started on first use, ``orchestrator/cli/connect.py``), which owns the
 database while it runs and knows the live state of loaded sessions; with autostart off and no
@@ -114,6 +115,7 @@ def node_from_dict(data: dict[str, Any]) -> UsageNode:
         _totals(data.get("own") or {}),
         _totals(data.get("total") or {}),
         [node_from_dict(child) for child in data.get("children") or []],
+        sandbox=data.get("sandbox") or None,
     )
 
 

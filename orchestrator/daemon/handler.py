@@ -313,10 +313,12 @@ def _flatten(nodes: list[UsageNode]) -> dict[str, UsageNode]:
 
 
 def _live_status(node: JsonObject, loaded: Callable[[str], LiveSession | None]) -> None:
-    """A usage node's status (and its children's) as the live sessions have it now."""
+    """A usage node's status and sandbox (and its children's) as the live sessions have them
+    now."""
     live = loaded(str(node.get("session_id")))
     if live is not None:
         node["status"] = live.state
+        node["sandbox"] = sandbox_commands.sandbox_name(live)
     for child in node.get("children") or []:
         _live_status(child, loaded)
 

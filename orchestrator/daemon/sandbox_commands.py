@@ -50,6 +50,7 @@ __all__ = [
     "CpuMeter",
     "sandbox_control",
     "sandbox_info",
+    "sandbox_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,15 @@ class CpuMeter:
 
     def forget(self, key: str) -> None:
         self._last.pop(key, None)
+
+
+def sandbox_name(live: LiveSession | None) -> str | None:
+    """What ``prime-agent agents`` names a loaded session's sandbox by: its recorded ref (a
+    pod's name, a container's id, a gateway's pid); None when none is up."""
+    sandbox = _up(live)
+    if sandbox is None:
+        return None
+    return sandbox.ref.ref or None
 
 
 def _up(live: LiveSession | None) -> Sandbox | None:

@@ -1,4 +1,5 @@
-"""Usage as a tree (docs/spec.md §8): each session's own tokens, cost and time, and its subtree's.
+"""Usage as a tree (docs/spec.md §8): each session's own tokens, cost and time, and its subtree's,
+and (``prime-agent agents``) the sandbox a loaded session runs in.
 
 Built from the store's per-session roll-ups and the sessions' parent links, so it is the same
 after a restart. Cost stays honest: a known sum plus a count of calls with unknown price.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from orchestrator.store.queries import SessionRecord, UsageSummary
 
@@ -15,6 +17,9 @@ __all__ = ["Totals", "UsageNode", "build_usage_forest", "render_tree"]
 
 COST_DECIMALS = 4
 NAME_WIDTH = 28
+# Docker's short container id, as ``docker ps`` shows it.
+DOCKER_SHORT_ID_CHARS: Final = 12
+NO_SANDBOX: Final = "-"
 
 
 @dataclass
@@ -57,6 +62,9 @@ class UsageNode:
     own: Totals
     total: Totals
     children: list[UsageNode] = field(default_factory=list)
+    # The sandbox up now (a pod's name, a container's id, a gateway's pid): only the daemon
+    # knows it, for the sessions it has loaded.
+    sandbox: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         s = self.session
@@ -71,6 +79,7 @@ class UsageNode:
             "own": self.own.as_dict(),
             "total": self.total.as_dict(),
             "children": [c.as_dict() for c in self.children],
+            "sandbox": self.sandbox,
         }
 
 
@@ -117,10 +126,19 @@ def build_usage_forest(
     return roots
 
 
+def _sandbox_text(node: UsageNode) -> str:
+    """The sandbox column: a pod's name, a container's short id, a gateway's pid."""
+    name = node.sandbox
+    if not name:
+        return NO_SANDBOX
+    return name[:DOCKER_SHORT_ID_CHARS] if node.session.backend == "docker" else name
+
+
 def render_tree(roots: list[UsageNode]) -> list[str]:
     header = (
         f"{'session':<{NAME_WIDTH}} {'id':<14} {'status':<10} {'backend':<8} "
-        f"{'own tok':>9} {'total tok':>10} {'own cost':>12} {'total cost':>24} {'model s':>8}"
+        f"{'own tok':>9} {'total tok':>10} {'own cost':>12} {'total cost':>24} {'model s':>8} "
+        "sandbox"
     )
     lines = [header]
 
@@ -133,7 +151,7 @@ def render_tree(roots: list[UsageNode]) -> list[str]:
             f"{(prefix + branch + label):<{NAME_WIDTH}} {ident:<14} "
             f"{s.status:<10} {s.backend:<8} {node.own.tokens:>9} {node.total.tokens:>10} "
             f"{node.own.cost_text():>12} {node.total.cost_text():>24} "
-            f"{node.total.model_ms / 1000:>8.1f}"
+            f"{node.total.model_ms / 1000:>8.1f} {_sandbox_text(node)}"
         )
         child_prefix = prefix + ("" if top else ("   " if last else "│  "))
         for i, child in enumerate(node.children):

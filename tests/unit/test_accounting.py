@@ -54,3 +54,27 @@ def test_own_and_total_roll_up_the_tree() -> None:
     lines = render_tree([root])
     assert len(lines) == 5
     assert lines[3].startswith("│  └─ g") and lines[4].startswith("└─ b")
+
+
+def test_the_sandbox_column_names_a_pod_a_short_container_id_or_nothing() -> None:
+    from dataclasses import replace
+
+    from orchestrator.cli.agents import node_from_dict
+
+    pod = "prime-agent-s-k8s-1a2b3c"
+    container = "0123456789abcdef" * 4
+    sessions = [
+        replace(_s("k", None, 1), backend="kubernetes"),
+        replace(_s("d", None, 2), backend="docker"),
+        _s("l", None, 3),
+    ]
+    forest = build_usage_forest(sessions, [])
+    forest[0].sandbox, forest[1].sandbox = pod, container
+    # The daemon's answer (as_dict) back into nodes, as `prime-agent agents` reads it.
+    nodes = [node_from_dict(node.as_dict()) for node in forest]
+    assert [n.sandbox for n in nodes] == [pod, container, None]
+    header, *rows = render_tree(nodes)
+    assert header.split()[-1] == "sandbox"
+    assert [row.split()[-1] for row in rows] == [pod, container[:12], "-"]
+    assert [row.split()[3] for row in rows] == ["kubernetes", "docker", "local"]
+    assert forest[2].as_dict()["sandbox"] is None
