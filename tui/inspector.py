@@ -1,14 +1,17 @@
 """The sandbox inspector: one session's sandbox, polled live; stop or restart it.
 
 Shows backend, container / pod / process name, image, state, CPU (over the last poll), memory,
-uptime and the newest log lines (``sandbox_info``). `s` stops the sandbox (the session goes
-inactive, everything on disk), `r` restarts it (a new sandbox, namespace revived from its
-snapshot) through ``sandbox_control``.
+uptime and the newest log lines (``sandbox_info``). A pod (the kubernetes backend: the
+answer's ``pod``, read as ``SandboxPod``) adds its namespace, phase, node, restarts, why it has
+no metrics when it has none, and its newest events. `s` stops the sandbox (the session goes
+inactive, everything on disk), `r` restarts it (a new sandbox: a new container or a new pod,
+namespace revived from its snapshot) through ``sandbox_control``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
 
 from rich.table import Table
@@ -20,11 +23,11 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
-from orchestrator.api import ApiCommandError, ConnectionClosed
+from orchestrator.api import ApiCommandError, ConnectionClosed, SandboxPod
 from tui import format as fmt
 from tui.screen_host import ScreenHost, host_of
 
-__all__ = ["INSPECTOR_POLL_S", "InspectorScreen", "info_table"]
+__all__ = ["INSPECTOR_POLL_S", "InspectorScreen", "info_table", "pod_rows"]
 
 # CPU and memory are sampled this often while the inspector is open.
 INSPECTOR_POLL_S: Final = 2.0
@@ -43,8 +46,38 @@ def _bytes(n: Any) -> str:
     return f"{value:.1f} {_BYTES_UNITS[-1]}"  # pragma: no cover
 
 
-def info_table(answer: dict[str, Any]) -> Table:
-    """``sandbox_info``'s answer as a two-column table."""
+def _event_line(event: Any, now: datetime) -> str:
+    at = event.at.isoformat() if event.at is not None else None
+    message = f": {event.message}" if event.message else ""
+    times = f" (x{event.count})" if event.count > 1 else ""
+    return f"{fmt.ago(at, now)} {event.kind} {event.reason}{message}{times}"
+
+
+def pod_rows(raw: object, now: datetime) -> list[tuple[str, str]]:
+    """The rows a pod adds to the table (none when ``raw``, the answer's ``pod``, is absent or
+    not one: another backend, an older daemon)."""
+    if not isinstance(raw, dict):
+        return []
+    try:
+        pod = SandboxPod.model_validate(raw)
+    except ValueError:
+        return [("pod", "(unreadable)")]
+    rows = [
+        ("namespace", pod.namespace),
+        ("phase", pod.phase),
+        ("node", pod.node or "—"),
+        ("restarts", str(pod.restarts)),
+    ]
+    if pod.metrics:
+        rows.append(("metrics", pod.metrics))
+    events = [_event_line(event, now) for event in pod.events]
+    rows.append(("events", "\n".join(events) or "(none)"))
+    return rows
+
+
+def info_table(answer: dict[str, Any], now: datetime | None = None) -> Table:
+    """``sandbox_info``'s answer as a two-column table (``now``: the clock events' ages are
+    measured with)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -67,7 +100,7 @@ def info_table(answer: dict[str, Any]) -> Table:
         ("memory", memory),
         ("uptime", "—" if uptime is None else fmt.duration(float(uptime))),
     )
-    for key, value in rows:
+    for key, value in (*rows, *pod_rows(box.get("pod"), now or datetime.now(UTC))):
         table.add_row(key, str(value if value is not None else "—"))
     return table
 
@@ -122,7 +155,7 @@ class InspectorScreen(Screen[None]):
     def _draw(self) -> None:
         box = self.answer.get("sandbox") or {}
         lines = box.get("log_tail") or []
-        self._update("#info", info_table(self.answer))
+        self._update("#info", info_table(self.answer, self.tui.now()))
         self._update("#logs", Text("\n".join(lines) or "(no log lines)"))
 
     def _hint(self, text: str, *, error: bool = False) -> None:
