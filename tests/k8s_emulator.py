@@ -15,7 +15,15 @@ created there and plays the kubelet for each.
   pressure writes it.
 - ``mode="pending"``: nothing is written; the pod stays as created (an image still pulling).
 
-``seen`` is set when the node has seen a pod created.
+``seen`` is set when the node has seen a pod created. A pod the node runs gets its node's
+name (``spec.nodeName``, as a scheduler's binding writes it) and the kubelet's ``Scheduled``
+and ``Started`` core/v1 Events.
+
+The emulator serves core/v1 Events (declared, as every resource kmock serves must be).
+``emulated_cluster(metrics_server=True)`` also declares metrics.k8s.io's ``pods``, so that a
+PodMetrics object the test writes (``write_pod_metrics``, standing in for a metrics server's
+scrape) is served where a real cluster serves it; without it the group is not served at all,
+as in a cluster without a metrics server.
 
 The setup every test that runs pods shares: ``docker_for_pods`` (the Docker client, or the
 test needs Docker and the session image: ``tests.helpers.need``), ``node_on`` (a node of one
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -57,6 +66,7 @@ from tests.k8s_docker_kubelet import run_pod
 
 __all__ = [
     "NAMESPACE",
+    "NODE_NAME",
     "DockerNode",
     "EmulatedCluster",
     "NodeMode",
@@ -68,11 +78,15 @@ __all__ = [
     "running_node",
     "serve_in_thread",
     "write_kubeconfig",
+    "write_pod_event",
+    "write_pod_metrics",
 ]
 
 NAMESPACE: Final = "prime-agent"
 HTTP_NOT_FOUND: Final = 404
-RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies")
+RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies", "v1/events")
+METRICS_RESOURCE: Final = "metrics.k8s.io/v1beta1/pods"
+NODE_NAME: Final = "docker-node"
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
 SERVE_TIMEOUT_S: Final = 30.0  # the emulator's thread starts (and ends) within this
 WATCH_IDLE_S: Final = 1.0  # the node's watch is read again this often: it sees ``stop`` soon
@@ -148,10 +162,14 @@ class UidEmulator(kmock.KubernetesEmulator):
 
 
 @contextlib.asynccontextmanager
-async def emulated_cluster() -> AsyncIterator[EmulatedCluster]:
+async def emulated_cluster(*, metrics_server: bool = False) -> AsyncIterator[EmulatedCluster]:
     async with UidEmulator() as emulator, kmock.Server(emulator) as server:
         for resource in RESOURCES:
             emulator.resources[resource]  # declared: a list before any object is not a 404
+        if metrics_server:
+            emulator.resources[METRICS_RESOURCE] = kmock.ResourceInfo(
+                kind="PodMetrics", namespaced=True, verbs={"get", "list"}
+            )
         yield EmulatedCluster(emulator, str(server.url).rstrip("/"))
 
 
@@ -222,6 +240,42 @@ def node_in_thread(cluster: EmulatedCluster, docker: Any) -> Iterator[DockerNode
         thread.join(SERVE_TIMEOUT_S)
 
 
+def write_pod_metrics(api_client: Any, name: str, cpu: str, memory: str) -> None:
+    """The PodMetrics of pod ``name`` (one container, ``sandbox``), as metrics-server serves
+    it after a scrape (blocking: call it in a thread)."""
+    metrics = {
+        "apiVersion": "metrics.k8s.io/v1beta1",
+        "kind": "PodMetrics",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "timestamp": datetime.now(UTC).isoformat(),
+        "window": "15s",
+        "containers": [{"name": "sandbox", "usage": {"cpu": cpu, "memory": memory}}],
+    }
+    custom = k8s.CustomObjectsApi(api_client)
+    custom.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", NAMESPACE, "pods", metrics)
+
+
+def write_pod_event(
+    api_client: Any, pod: str, reason: str, message: str, kind: str = "Normal"
+) -> None:
+    """A core/v1 Event about ``pod``, as a kubelet or scheduler records one (blocking)."""
+    now = datetime.now(UTC).isoformat()
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod}.{secrets.token_hex(8)}", "namespace": NAMESPACE},
+        "involvedObject": {"kind": "Pod", "name": pod, "namespace": NAMESPACE},
+        "type": kind,
+        "reason": reason,
+        "message": message,
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": "kubelet", "host": NODE_NAME},
+    }
+    k8s.CoreV1Api(api_client).create_namespaced_event(NAMESPACE, event)
+
+
 @dataclass
 class DockerNode:
     """The kubelet of one node: see the module docstring. ``run`` in a thread until ``stop``."""
@@ -276,6 +330,8 @@ class DockerNode:
             stack.close()
 
     def _start(self, core: Any, name: str, pod: dict[str, Any]) -> None:
+        core.patch_namespaced_pod(name, NAMESPACE, {"spec": {"nodeName": NODE_NAME}})
+        write_pod_event(self.api_client, name, "Scheduled", f"assigned {name} to {NODE_NAME}")
         volumes = pod["spec"]["volumes"]
         (secret_name,) = [v["secret"]["secretName"] for v in volumes if "secret" in v]
         secret = self.api_client.sanitize_for_serialization(
@@ -298,6 +354,7 @@ class DockerNode:
             ],
         }
         core.patch_namespaced_pod_status(name, NAMESPACE, {"status": status})
+        write_pod_event(self.api_client, name, "Started", "Started container sandbox")
 
     def fail(self, name: str, status: dict[str, Any]) -> None:
         """Kill pod ``name``'s container and write ``status`` (an OOM kill, an eviction)."""
