@@ -85,7 +85,8 @@ __all__ = [
 NAMESPACE: Final = "prime-agent"
 HTTP_NOT_FOUND: Final = 404
 RESOURCES: Final = ("v1/pods", "v1/secrets", "networking.k8s.io/v1/networkpolicies", "v1/events")
-METRICS_RESOURCE: Final = "metrics.k8s.io/v1beta1/pods"
+METRICS_GROUP: Final = "metrics.k8s.io"
+METRICS_RESOURCE: Final = f"{METRICS_GROUP}/v1beta1/pods"
 NODE_NAME: Final = "docker-node"
 READY_PREFIX: Final = b'{"port"'  # the gateway's ready line (its stdout is its log)
 SERVE_TIMEOUT_S: Final = 30.0  # the emulator's thread starts (and ends) within this
@@ -143,11 +144,11 @@ class EmulatedCluster:
 
     def names(self, kind: str) -> set[str]:
         """Names of the objects of ``kind`` (``pods``, ``secrets``, ``networkpolicies``) that
-        exist now."""
+        exist now (a PodMetrics, plural ``pods`` too, is not a pod)."""
         return {
             name
             for (resource, _namespace, name), obj in self.emulator.objects.items()
-            if resource.plural == kind and not obj.deleted
+            if resource.plural == kind and resource.group != METRICS_GROUP and not obj.deleted
         }
 
 
@@ -252,7 +253,7 @@ def write_pod_metrics(api_client: Any, name: str, cpu: str, memory: str) -> None
         "containers": [{"name": "sandbox", "usage": {"cpu": cpu, "memory": memory}}],
     }
     custom = k8s.CustomObjectsApi(api_client)
-    custom.create_namespaced_custom_object("metrics.k8s.io", "v1beta1", NAMESPACE, "pods", metrics)
+    custom.create_namespaced_custom_object(METRICS_GROUP, "v1beta1", NAMESPACE, "pods", metrics)
 
 
 def write_pod_event(
