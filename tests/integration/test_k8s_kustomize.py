@@ -120,6 +120,9 @@ def test_the_orchestrator_may_act_only_in_its_namespace(kubectl: str, where: str
     role = one(objects, "Role")
     granted = {resource for rule in role["rules"] for resource in rule["resources"]}
     assert granted == ROLE_RESOURCES
+    # From metrics.k8s.io, a pod's metrics may be read and nothing else.
+    metrics = [rule for rule in role["rules"] if "metrics.k8s.io" in rule["apiGroups"]]
+    assert metrics == [{"apiGroups": ["metrics.k8s.io"], "resources": ["pods"], "verbs": ["get"]}]
     assert all("*" not in rule["verbs"] for rule in role["rules"])
     binding = one(objects, "RoleBinding")
     assert binding["roleRef"] == {
