@@ -175,14 +175,14 @@ async def emulated_cluster(*, metrics_server: bool = False) -> AsyncIterator[Emu
 
 
 @contextlib.contextmanager
-def serve_in_thread() -> Iterator[EmulatedCluster]:
+def serve_in_thread(*, metrics_server: bool = False) -> Iterator[EmulatedCluster]:
     """``emulated_cluster`` on an event loop of its own thread, until the block ends."""
     loop = asyncio.new_event_loop()
     ready: asyncio.Future[EmulatedCluster] = loop.create_future()
     done = asyncio.Event()
 
     async def serve() -> None:
-        async with emulated_cluster() as cluster:
+        async with emulated_cluster(metrics_server=metrics_server) as cluster:
             ready.set_result(cluster)
             await done.wait()
 
