@@ -7,8 +7,8 @@ this test (``tests/k8s_emulator.serve_in_thread``), with metrics.k8s.io declared
 reaches it through the kubeconfig this test writes, and a test node runs its pods on the local
 Docker Engine (``DockerNode``: it names its node and records Scheduled and Started events).
 The test writes the PodMetrics a metrics server would serve. The session's turn starts its
-pod; the inspector shows it (``sandbox_info``); `r` makes a new pod and `s` deletes it
-(``sandbox_control``).
+pod; the inspector shows it (``sandbox_info``); `r` makes a new pod whose kernel has the
+namespace back (the snapshot crossed to the host) and `s` deletes it (``sandbox_control``).
 """
 
 from __future__ import annotations
@@ -21,23 +21,25 @@ from typing import Any, Final
 
 import pytest
 
-from tests.helpers import cli, need, wait_until
+from tests.helpers import cli, wait_until
 from tests.k8s_docker_kubelet import TEST_LABEL, TEST_LABEL_VALUE
 from tests.k8s_emulator import (
     NAMESPACE,
     NODE_NAME,
     DockerNode,
     EmulatedCluster,
+    docker_for_pods,
     node_in_thread,
     serve_in_thread,
     write_kubeconfig,
     write_pod_metrics,
 )
 from tests.tui.pilot import chat_screen, screen_text, texts, until
-from tests.tui.test_inspector import SIZE, _box, _inspector, _row
+from tests.tui.test_inspector import KEEP, SECRET, SIZE, _box, _inspector, _row
 from tui.app import PrimeAgentApp
 from tui.chat import ChatScreen
 from tui.inspector import InspectorScreen
+from tui.transcript_view import CellView
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,31 +47,16 @@ BACKEND: Final = "kubernetes"
 GONE_TIMEOUT_S: Final = 30.0
 CLI_TIMEOUT_S: Final = 60.0
 KINDS: Final = ("pods", "secrets", "networkpolicies")
-# One turn: a cell (the pod starts), then the answer.
-SCRIPT: Final = """
-code: print(sum(range(10)))
----
-text: Done.
-"""
 
 
 @pytest.fixture
 def model_script() -> str:
-    return SCRIPT
+    return KEEP  # "keep a number" sets a variable, "is it still there" reads it
 
 
 @pytest.fixture
 def docker() -> Any:
-    from orchestrator.errors import UserError
-    from orchestrator.sandbox.images import SESSION_IMAGE, docker_client, image_exists
-
-    try:
-        client = docker_client()
-    except UserError as exc:
-        need("docker", str(exc))
-    if not image_exists(SESSION_IMAGE, client):
-        need("docker", f"the session image {SESSION_IMAGE} is missing (make test builds it)")
-    return client
+    return docker_for_pods()
 
 
 def pod_containers(docker: Any) -> set[str]:
@@ -110,7 +97,7 @@ async def test_the_inspector_shows_a_pod_and_restarts_and_stops_it(
     async with app.run_test(size=SIZE) as pilot:
         await chat_screen(pilot, app)
         created = await app.link.call(
-            "create_session", cwd=str(project), task="add them up", backend=BACKEND
+            "create_session", cwd=str(project), task="keep a number", backend=BACKEND
         )
         sid = str(created["session"])
         app.open_chat(sid)
@@ -119,7 +106,7 @@ async def test_the_inspector_shows_a_pod_and_restarts_and_stops_it(
         )
         chat = app.screen
         assert isinstance(chat, ChatScreen)
-        await until(pilot, lambda: "Done." in texts(chat, "assistant"))
+        await until(pilot, lambda: "Stored." in texts(chat, "assistant"))
         await app.link.call("wait_quiet", session=sid)
         (pod,) = emulated.names("pods")
         container = node.containers[pod].id
@@ -163,6 +150,18 @@ async def test_the_inspector_shows_a_pod_and_restarts_and_stops_it(
         await until(pilot, lambda: "restarted" in screen_text(pilot))
         assert _row(pilot, "phase") == "Running"
         assert _row(pilot, "metrics") == "no metrics for this pod yet"
+
+        # The new pod's kernel has the namespace back (its snapshot crossed to the host).
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is chat)
+        await pilot.press(*"is it still there", "enter")
+        await until(pilot, lambda: len(texts(chat, "assistant")) == 2)
+        assert texts(chat, "assistant") == ["Stored.", "Still there."]
+        cells = [c.item.output.strip() for c in chat.query(CellView)]
+        assert cells == ["stored", str(SECRET + 1)]
+        await app.link.call("wait_quiet", session=sid)
+        inspector = await _inspector(pilot, app)
+        assert _box(inspector)["name"] == again  # the turn ran in the new pod
 
         # `s`: the session goes inactive, its pod and everything of it goes.
         await pilot.press("s")
