@@ -222,20 +222,15 @@ class K8sApi:
 
     def daemon_pods(self, instance: str) -> list[dict[str, Any]]:
         """Session pods of ``instance``'s daemons in the namespace (labels checked here too)."""
-        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance},{LABEL_DAEMON}=true"
-        self._count("list")
-        try:
-            listed = self.core.list_namespaced_pod(
-                self.namespace, label_selector=selector, _request_timeout=API_TIMEOUT_S
-            )
-        except self._exceptions.ApiException as exc:
-            raise _api_error(exc, "listing pods") from exc
-        pods = [self._plain(pod) for pod in listed.items]
-        return [pod for pod in pods if _has_labels(pod, instance)]
+        return self._session_pods(instance, daemon=True)
 
     def run_pods(self, instance: str) -> list[dict[str, Any]]:
         """Session pods of ``instance``'s print-mode runs in the namespace (``daemon=false``)."""
-        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance},{LABEL_DAEMON}=false"
+        return self._session_pods(instance, daemon=False)
+
+    def _session_pods(self, instance: str, *, daemon: bool) -> list[dict[str, Any]]:
+        flag = "true" if daemon else "false"
+        selector = f"{APP_LABEL}={SESSION_APP},{LABEL_INSTANCE}={instance},{LABEL_DAEMON}={flag}"
         self._count("list")
         try:
             listed = self.core.list_namespaced_pod(
@@ -244,7 +239,7 @@ class K8sApi:
         except self._exceptions.ApiException as exc:
             raise _api_error(exc, "listing pods") from exc
         pods = [self._plain(pod) for pod in listed.items]
-        return [pod for pod in pods if _has_labels(pod, instance, daemon=False)]
+        return [pod for pod in pods if _has_labels(pod, instance, daemon=daemon)]
 
     def pod_events(self, name: str) -> list[dict[str, Any]]:
         """The namespace's core/v1 Events whose ``involvedObject`` is pod ``name``."""
