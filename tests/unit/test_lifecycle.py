@@ -156,7 +156,7 @@ STATUS_WRITERS = {
 
 def _writes(path: Path) -> tuple[set[str], set[str]]:
     """The functions of ``path`` that assign ``x.state`` (``x`` not ``self``) and those that
-    call ``update_session(..., status=...)``."""
+    call ``update_session(..., status=...)`` or ``x.set_status(...)`` (``x`` not ``self``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     state: set[str] = set()
     status: set[str] = set()
@@ -185,6 +185,8 @@ def _writes(path: Path) -> tuple[set[str], set[str]]:
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "set_status"
+                # ``self.set_status`` is an HTTP handler's own (tornado), not a session's
+                and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
             ):
                 status.add(func.name)
     return state, status
