@@ -21,6 +21,7 @@ __all__ = [
     "kill_process_tree",
     "need",
     "pids_alive",
+    "pod_gateway",
     "stop_daemons",
     "wait_until",
     "write_config",
@@ -346,3 +347,33 @@ def model_behind_a_daemon(monkeypatch: pytest.MonkeyPatch, script: str) -> Itera
             yield srv
         finally:
             stop_daemons(os.environ["XDG_RUNTIME_DIR"])
+
+
+GATEWAY_STOP_TIMEOUT_S = 10.0
+
+
+@contextlib.contextmanager
+def pod_gateway(workdir: Path, token_file: Path, *extra: str) -> Iterator[str]:
+    """A gateway process started as a session pod's command starts it (its token only in
+    ``token_file``, a TCP port; ``extra``: more arguments such as ``--files-root``), minus the
+    pod: its base URL until the block ends."""
+    import json
+
+    from orchestrator.sandbox.gateway_main import TOKEN_ENV
+    from orchestrator.sandbox.local import gateway_env
+
+    env = gateway_env("unused")
+    del env[TOKEN_ENV]  # only the file holds it
+    argv = [
+        sys.executable, "-P", "-m", "orchestrator.sandbox.gateway_main",
+        "--runtime-dir", str(workdir / "runtime"), "--port", "0",
+        "--token-file", str(token_file), *extra,
+    ]  # fmt: skip
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, cwd=workdir)
+    try:
+        assert child.stdout is not None
+        ready = json.loads(child.stdout.readline())
+        yield f"http://127.0.0.1:{ready['port']}"
+    finally:
+        child.terminate()
+        child.wait(timeout=GATEWAY_STOP_TIMEOUT_S)

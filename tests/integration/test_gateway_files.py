@@ -8,11 +8,8 @@ client reports as False; ``clear`` and ``read_only`` do what they say."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import stat
-import subprocess
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +20,10 @@ import pytest
 
 from orchestrator.errors import SandboxError
 from orchestrator.sandbox.file_tar import FILES_PATH
-from orchestrator.sandbox.gateway_main import TOKEN_ENV
-from orchestrator.sandbox.local import gateway_env
 from orchestrator.sandbox.pod_files import PodFiles
+from tests.helpers import pod_gateway
 
 TOKEN: Final = "files-token"
-STOP_TIMEOUT_S: Final = 10.0
 UNAUTHORIZED: Final = 401
 FORBIDDEN: Final = 403
 BAD_REQUEST: Final = 400
@@ -47,30 +42,8 @@ def roots(tmp_path: Path) -> tuple[Path, Path]:
 def gateway(tmp_path: Path, roots: tuple[Path, Path]) -> Iterator[str]:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
-    env = gateway_env("unused")
-    del env[TOKEN_ENV]
-    argv = [
-        sys.executable,
-        "-P",
-        "-m",
-        "orchestrator.sandbox.gateway_main",
-        "--runtime-dir",
-        str(tmp_path / "runtime"),
-        "--port",
-        "0",
-        "--token-file",
-        str(token_file),
-        "--files-root",
-        str(roots[0]),
-    ]
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, cwd=tmp_path)
-    try:
-        assert child.stdout is not None
-        ready = json.loads(child.stdout.readline())
-        yield f"http://127.0.0.1:{ready['port']}"
-    finally:
-        child.terminate()
-        child.wait(timeout=STOP_TIMEOUT_S)
+    with pod_gateway(tmp_path, token_file, "--files-root", str(roots[0])) as url:
+        yield url
 
 
 def make_tree(root: Path) -> None:

@@ -4,10 +4,7 @@ port. A real gateway process and a real kernel; a wrong token is refused."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +13,9 @@ import pytest
 
 from orchestrator.sandbox.gateway import KernelGatewayClient
 from orchestrator.sandbox.gateway_main import TOKEN_ENV, read_token
-from orchestrator.sandbox.local import gateway_env
+from tests.helpers import pod_gateway
 
 TOKEN = "token-from-the-secret"
-STOP_TIMEOUT_S = 10.0
 UNAUTHORIZED = 401
 OK = 200
 
@@ -30,28 +26,8 @@ def gateway(tmp_path: Path) -> Iterator[str]:
     token_file = tmp_path / "secret" / "gateway-token"
     token_file.parent.mkdir()
     token_file.write_text(TOKEN + "\n")
-    env = gateway_env("unused")
-    del env[TOKEN_ENV]  # only the file holds it
-    argv = [
-        sys.executable,
-        "-P",
-        "-m",
-        "orchestrator.sandbox.gateway_main",
-        "--runtime-dir",
-        str(tmp_path / "runtime"),
-        "--port",
-        "0",
-        "--token-file",
-        str(token_file),
-    ]
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, cwd=tmp_path)
-    try:
-        assert child.stdout is not None
-        ready = json.loads(child.stdout.readline())
-        yield f"http://127.0.0.1:{ready['port']}"
-    finally:
-        child.terminate()
-        child.wait(timeout=STOP_TIMEOUT_S)
+    with pod_gateway(tmp_path, token_file) as url:
+        yield url
 
 
 async def test_a_kernel_starts_with_the_token_from_the_file(gateway: str, tmp_path: Path) -> None:
