@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from orchestrator.sandbox.k8s_pod_info import quantity as parse_quantity
 
 __all__ = ["RunningPod", "quantity", "run_pod"]
 
@@ -28,21 +29,18 @@ IMAGE_PACKAGE: Final = "/opt/prime-agent/lib/python3.11/site-packages/orchestrat
 TEST_LABEL: Final = "prime-agent.test"
 TEST_LABEL_VALUE: Final = "k8s-pod"
 NANO_CPUS_PER_CPU: Final = 1_000_000_000
-MILLI: Final = 1000
 LOOPBACK: Final = "127.0.0.1"
 # Kubernetes quantities our builder writes: plain integers, millicores, binary suffixes.
-_SUFFIXES: Final = {"": 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
-_QUANTITY: Final = re.compile(r"^([0-9]+)(m|Ki|Mi|Gi|)$")
 SETGID_DIR_MODE: Final = 0o2777  # what a kubelet gives an emptyDir under fsGroup (group rw)
 
 
 def quantity(text: str) -> float:
-    """A Kubernetes quantity as a number (``1500m`` -> 1.5, ``512Mi`` -> 536870912)."""
-    match = _QUANTITY.match(text)
-    if match is None:
+    """A Kubernetes quantity as a number (``1500m`` -> 1.5, ``512Mi`` -> 536870912), read as
+    the backend reads one (``k8s_pod_info.quantity``); one it cannot read stops the pod."""
+    value = parse_quantity(text)
+    if value is None:
         raise ValueError(f"quantity {text!r} is not one the test kubelet reads")
-    number, suffix = int(match.group(1)), match.group(2)
-    return number / MILLI if suffix == "m" else float(number * _SUFFIXES[suffix])
+    return value
 
 
 @dataclass
