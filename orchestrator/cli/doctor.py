@@ -14,6 +14,8 @@ kept for its own daemon to adopt, unless its state directory is gone (nobody can
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -48,38 +50,42 @@ def _doctor(fix: bool, all_instances: bool) -> int:
     from orchestrator.cli.autostart import daemon_info
     from orchestrator.daemon import doctor as checks
     from orchestrator.paths import Paths
+    from orchestrator.sandbox.k8s_status import kubernetes_usable
 
     paths = Paths.from_env()
     daemon = daemon_info()
+    settings = _settings(paths)
+    # Asked at most once (a cluster that does not answer costs its timeout each time).
+    cluster_status = functools.cache(lambda: kubernetes_usable(settings.kubernetes))
     findings = [
-        *_backend_findings(paths),
+        *_backend_findings(settings, cluster_status),
         checks.check_socket(paths, daemon, fix=fix),
         checks.check_nats(paths, daemon),
         *asyncio.run(checks.check_database(paths, daemon)),
         *checks.check_local_sandboxes(paths, daemon, fix=fix),
         *checks.check_bwrap_sandboxes(paths, daemon, fix=fix),
         *_docker_findings(fix, all_instances),
-        *_kubernetes_findings(paths, fix),
+        *_kubernetes_findings(paths, settings, cluster_status, fix),
     ]
     for finding in findings:
         typer.echo(finding.line())
     return sum(1 for f in findings if f.problem and not f.fixed)
 
 
-def _backend_findings(paths: Paths) -> list[Finding]:
+def _backend_findings(
+    settings: Settings, cluster_status: Callable[[], tuple[bool, str]]
+) -> list[Finding]:
     from orchestrator.daemon.doctor import check_backends
     from orchestrator.sandbox.bwrap_probe import bwrap_usable
     from orchestrator.sandbox.docker import docker_usable
     from orchestrator.sandbox.images import resolve_image
-    from orchestrator.sandbox.k8s_status import kubernetes_usable
 
-    settings = _settings(paths)
     image = resolve_image(settings.sandbox.image)
     return check_backends(
         lambda: docker_usable(image),
         bwrap_usable,
         image=image,
-        kubernetes_status=lambda: kubernetes_usable(settings.kubernetes),
+        kubernetes_status=cluster_status,
         namespace=settings.kubernetes.namespace,
     )
 
@@ -94,22 +100,23 @@ def _settings(paths: Paths) -> Settings:
         return Settings()
 
 
-def _kubernetes_findings(paths: Paths, fix: bool) -> list[Finding]:
+def _kubernetes_findings(
+    paths: Paths,
+    settings: Settings,
+    cluster_status: Callable[[], tuple[bool, str]],
+    fix: bool,
+) -> list[Finding]:
     """Pods of print-mode runs that are gone (``sandbox/k8s_orphans.py``), when the cluster of
     ``[kubernetes]`` answers (the backend findings say why when it does not)."""
-    import socket
-
     from orchestrator.daemon.doctor import Finding
     from orchestrator.instance import read_instance_id
     from orchestrator.sandbox.k8s_api import K8sApi, api_client
-    from orchestrator.sandbox.k8s_manifests import label_value
     from orchestrator.sandbox.k8s_orphans import run_pods
-    from orchestrator.sandbox.k8s_status import kubernetes_usable
     from orchestrator.sandbox.pod_sync import outputs_path, remove_outputs_home
 
-    cluster = _settings(paths).kubernetes
+    cluster = settings.kubernetes
     instance = read_instance_id(paths.data_dir)
-    if instance is None or not kubernetes_usable(cluster)[0]:
+    if instance is None or not cluster_status()[0]:
         return []
     api = K8sApi(api_client(cluster), cluster.namespace)
     pods = run_pods(api, instance)
@@ -127,8 +134,7 @@ def _kubernetes_findings(paths: Paths, fix: bool) -> list[Finding]:
             remove_outputs_home(outputs_path(pod.name))
         findings.append(Finding("kubernetes", f"removed {len(orphans)}"))
         findings[0].fixed = True
-    here = label_value(socket.gethostname())
-    elsewhere = [pod for pod in pods if pod.host != here]
+    elsewhere = [pod for pod in pods if not pod.here]
     if elsewhere:
         findings.append(
             Finding(

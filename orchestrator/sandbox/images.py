@@ -58,7 +58,9 @@ __all__ = [
     "build_base_offline",
     "build_image",
     "cuda_plan",
+    "docker_build",
     "docker_client",
+    "ensure_base_offline",
     "ensure_image",
     "ensure_session_image",
     "gather_torch_wheels",
@@ -341,6 +343,14 @@ def gather_wheels(
     return wheels_dir
 
 
+def ensure_base_offline(progress: Callable[[str], None] | None = None) -> None:
+    """Build the offline base when it is not here."""
+    if not image_exists(BASE_OFFLINE_TAG):
+        if progress:
+            progress("building the offline base (debootstrap, about a minute)")
+        build_base_offline()
+
+
 def build_base_offline(tag: str = BASE_OFFLINE_TAG) -> BuildResult:
     """debootstrap + docker import (``images/base-offline.sh``); the rootfs is cached."""
     _check_checkout()
@@ -349,7 +359,7 @@ def build_base_offline(tag: str = BASE_OFFLINE_TAG) -> BuildResult:
     return BuildResult("base-offline", tag, True, "built", time.monotonic() - started)
 
 
-def _docker_build(
+def docker_build(
     kind: str,
     tag: str,
     build_args: dict[str, str],
@@ -358,7 +368,10 @@ def _docker_build(
     *,
     dockerfile: Path | None = None,
     labels: dict[str, str] | None = None,
+    source_label: str | None = None,
 ) -> None:
+    """``docker build`` of ``images/KIND/Dockerfile`` (or ``dockerfile``) with the image's
+    source-hash label (``source_label``, else ``source_hash(kind)``) and ``labels``."""
     if shutil.which("docker") is None:
         raise UserError("the docker CLI is not installed (needed to build images)")
     dockerfile = dockerfile or IMAGES_DIR / kind / "Dockerfile"
@@ -366,7 +379,8 @@ def _docker_build(
     argv = ["docker", "build", "-q", "--force-rm", "-f", str(dockerfile), "-t", tag]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    for key, value in {SOURCE_HASH_LABEL: source_hash(kind), **(labels or {})}.items():
+    hashed = source_label if source_label is not None else source_hash(kind)
+    for key, value in {SOURCE_HASH_LABEL: hashed, **(labels or {})}.items():
         argv += ["--label", f"{key}={value}"]
     run_checked([*argv, str(context)], what)
 
@@ -489,19 +503,16 @@ def build_image(
         if progress:
             progress(f"docker build {tag} (apt: rustc, cargo)")
         args = {SESSION_BUILD_ARG: SESSION_IMAGE}
-        _docker_build(kind, tag, args, f"{kind} build", _variant_context(kind))
+        docker_build(kind, tag, args, f"{kind} build", _variant_context(kind))
         return BuildResult(kind, tag, True, "built", time.monotonic() - started)
     session_base = base or BASE_OFFLINE_TAG
-    if not image_exists(session_base, client):
-        if session_base != BASE_OFFLINE_TAG:
-            raise UserError(f"base image {session_base} is not present locally")
-        if progress:
-            progress("building the offline base (debootstrap, about a minute)")
-        build_base_offline()
+    if session_base != BASE_OFFLINE_TAG and not image_exists(session_base, client):
+        raise UserError(f"base image {session_base} is not present locally")
+    ensure_base_offline(progress)
     gather_wheels(progress=progress)
     if progress:
         progress(f"docker build {tag} (BASE={session_base})")
-    _docker_build("session", tag, {BASE_BUILD_ARG: session_base}, "session build")
+    docker_build("session", tag, {BASE_BUILD_ARG: session_base}, "session build")
     return BuildResult(kind, tag, True, "built", time.monotonic() - started)
 
 
@@ -533,7 +544,7 @@ def _build_cuda(
     if plan.base is not None:
         if progress:
             progress(f"docker build {tag} (CUDA from {plan.base})")
-        _docker_build(
+        docker_build(
             "cuda", tag, {**args, BASE_BUILD_ARG: plan.base}, "cuda build", _variant_context("cuda")
         )
         return BuildResult(
@@ -549,7 +560,7 @@ def _build_cuda(
     if progress:
         extra = f" and PyTorch {labels[TORCH_LABEL]} from wheels" if torch else ""
         progress(f"docker build {tag} (offline: apt nvidia-cuda-toolkit{extra})")
-    _docker_build(
+    docker_build(
         "cuda",
         tag,
         args,

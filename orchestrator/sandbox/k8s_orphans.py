@@ -25,13 +25,15 @@ __all__ = ["RunPod", "run_pods"]
 
 @dataclass(frozen=True)
 class RunPod:
-    """A print-mode run's pod: its name, session, the run's host and pid, and whether the run
-    is known to be gone (``orphaned``: on this host and its pid is not alive)."""
+    """A print-mode run's pod: its name, session, the run's host and pid, whether that host is
+    this one (``here``: only then can its pid be judged) and whether the run is known to be
+    gone (``orphaned``: here, and its pid is not alive)."""
 
     name: str
     session_id: str
     host: str
     pid: int | None
+    here: bool
     orphaned: bool
 
 
@@ -51,8 +53,8 @@ def run_pods(
         pid_text = str(labels.get(LABEL_PID, ""))
         pid = int(pid_text) if pid_text.isdigit() else None
         pod_host = str(labels.get(LABEL_HOST, ""))
-        orphaned = pod_host == here and pid is not None and not alive(pid)
-        found.append(
-            RunPod(metadata["name"], str(labels.get(LABEL_SESSION, "")), pod_host, pid, orphaned)
-        )
+        on_host = pod_host == here
+        orphaned = on_host and pid is not None and not alive(pid)
+        session = str(labels.get(LABEL_SESSION, ""))
+        found.append(RunPod(metadata["name"], session, pod_host, pid, on_host, orphaned))
     return found

@@ -28,16 +28,17 @@ from pathlib import Path
 from typing import Final
 
 from orchestrator.sandbox.images import (
+    BASE_BUILD_ARG,
     BASE_OFFLINE_TAG,
     BUILD_DIR,
-    IMAGES_DIR,
     PROJECT_DIST,
     REPO_ROOT,
     SDIST_ONLY,
     SOURCE_HASH_LABEL,
     BuildResult,
-    build_base_offline,
+    docker_build,
     docker_client,
+    ensure_base_offline,
     hash_sources,
     image_exists,
     image_label,
@@ -62,7 +63,6 @@ ORCHESTRATOR_WHEELS_DIR: Final = BUILD_DIR / "orchestrator-wheels"
 PROJECT_SUBDIR: Final = "project"
 DEPS_SUBDIR: Final = "deps"
 REQUIREMENTS_FILE: Final = "requirements.txt"
-ORCHESTRATOR_DOCKERFILE: Final = IMAGES_DIR / "orchestrator" / "Dockerfile"
 # The Debian bookworm base's Python: the wheels must install there.
 ORCHESTRATOR_PYTHON_VERSION: Final = "3.11.2"
 _SOURCES: Final = ("orchestrator", "images/orchestrator/Dockerfile", "pyproject.toml")
@@ -148,30 +148,17 @@ def gather_orchestrator_wheels(
 def build_orchestrator_image(progress: Callable[[str], None] | None = None) -> BuildResult:
     """Build the image (the offline base first when it is missing)."""
     started = time.monotonic()
-    if not image_exists(BASE_OFFLINE_TAG):
-        if progress:
-            progress("building the offline base (debootstrap, about a minute)")
-        build_base_offline()
+    ensure_base_offline(progress)
     context = gather_orchestrator_wheels(progress=progress)
     if progress:
         progress(f"docker build {ORCHESTRATOR_IMAGE}")
-    run_checked(
-        [
-            "docker",
-            "build",
-            "-q",
-            "--force-rm",
-            "-f",
-            str(ORCHESTRATOR_DOCKERFILE),
-            "-t",
-            ORCHESTRATOR_IMAGE,
-            "--build-arg",
-            f"BASE={BASE_OFFLINE_TAG}",
-            "--label",
-            f"{SOURCE_HASH_LABEL}={orchestrator_source_hash()}",
-            str(context),
-        ],
+    docker_build(
+        ORCHESTRATOR_KIND,
+        ORCHESTRATOR_IMAGE,
+        {BASE_BUILD_ARG: BASE_OFFLINE_TAG},
         "orchestrator image build",
+        context,
+        source_label=orchestrator_source_hash(),
     )
     return BuildResult(
         ORCHESTRATOR_KIND, ORCHESTRATOR_IMAGE, True, "built", time.monotonic() - started
